@@ -1,0 +1,27 @@
+"""Trajectory filters: keep a finished trajectory, or reject it with a reason."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+Record = Mapping[str, Any]
+"""A trajectory record as stored in the ledger (one JSON object)."""
+
+
+class TrajectoryFilter(ABC):
+    """Decides whether a trajectory belongs in the training set.
+
+    A rejected trajectory counts as done (it is not regenerated) and is kept in the ledger; the
+    merge writes it to ``rejected.jsonl`` with the reason. Filters must be pure functions of the
+    record: the merge re-applies them, and the same ledger must give the same result.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    enabled_by_default: ClassVar[bool] = True
+
+    @abstractmethod
+    def check(self, record: Record) -> str | None:
+        """Return None to keep the record, or a short reason a person can read to reject it."""

@@ -1,0 +1,139 @@
+"""Hook specifications: everything concrete in trajkit is a plugin of these hooks.
+
+Built-in plugins (``trajkit/plugins/``) and third-party ones (entry-point group ``trajkit``) use the
+same hooks. A plugin module implements any subset of them with ``@trajkit.hookimpl``; a hook name
+that is not listed here is an error when the plugin manager is built.
+
+Registration hooks (``trajkit_model_clients`` ... ``trajkit_writers``) are called once when the run
+builds its registry. Every implementation's result is collected; two plugins registering the same
+``name`` within one concern is an error that names both sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    import click
+
+    from trajkit.config import RunConfig
+    from trajkit.distributions import Distribution
+    from trajkit.filters import Record, TrajectoryFilter
+    from trajkit.model import ModelClient
+    from trajkit.sandbox import SandboxBackend
+    from trajkit.tools import Toolset
+    from trajkit.writers import OutputWriter
+
+hookspec = pluggy.HookspecMarker("trajkit")
+hookimpl = pluggy.HookimplMarker("trajkit")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What lifecycle hooks learn about the run they observe."""
+
+    run_name: str
+    run_dir: Path
+    config: RunConfig
+
+
+@hookspec
+def trajkit_model_clients() -> Sequence[type[ModelClient]]:
+    """Register model clients.
+
+    :return: :class:`trajkit.model.ModelClient` subclasses, each with a unique ``name``; ``--model``
+        selects one by name (``scripted``) or, for any other value, the ``openai`` client
+        serves it as a model slug. All implementations' results are collected.
+    """
+
+
+@hookspec
+def trajkit_sandbox_backends() -> Sequence[type[SandboxBackend]]:
+    """Register sandbox backends.
+
+    :return: :class:`trajkit.sandbox.SandboxBackend` subclasses, each with a unique ``name``. Rows
+        choose one with their ``backend`` field; ``--sandbox`` and ``--image_backend`` set the
+        defaults. A backend is only instantiated if some row of the run routes to it.
+    """
+
+
+@hookspec
+def trajkit_toolsets() -> Sequence[Toolset]:
+    """Register toolsets.
+
+    :return: :class:`trajkit.tools.Toolset` objects; toolset names and tool names must be unique
+        across all plugins.
+    """
+
+
+@hookspec
+def trajkit_distributions() -> Sequence[Distribution]:
+    """Register toolset distributions.
+
+    :return: :class:`trajkit.distributions.Distribution` objects with unique names. A distribution
+        may only name toolsets that some plugin registers; the run checks this before starting.
+    """
+
+
+@hookspec
+def trajkit_filters() -> Sequence[type[TrajectoryFilter]]:
+    """Register trajectory filters.
+
+    :return: :class:`trajkit.filters.TrajectoryFilter` subclasses with unique names. Those with
+        ``enabled_by_default`` run unless ``--no_filter NAME`` turns them off; others run when
+        named with ``--filter NAME``. A trajectory is rejected by the first filter, in name
+        order, that gives a reason.
+    """
+
+
+@hookspec
+def trajkit_writers() -> Sequence[type[OutputWriter]]:
+    """Register output writers.
+
+    :return: :class:`trajkit.writers.OutputWriter` subclasses with unique names; ``--writer``
+        selects them (``sharegpt`` by default).
+    """
+
+
+@hookspec
+def trajkit_commands(cli: click.Group) -> None:
+    """Add subcommands to the ``trajkit`` command line.
+
+    Called once when the CLI starts, before arguments are parsed.
+
+    :param cli: the top-level click group; add commands with ``cli.command()`` or
+        ``cli.add_command``.
+    """
+
+
+@hookspec
+def trajkit_run_start(run: RunInfo, pending: int) -> None:
+    """The run is about to start sessions.
+
+    :param run: the run being started.
+    :param pending: how many work items this invocation will attempt.
+    """
+
+
+@hookspec
+def trajkit_trajectory_finished(run: RunInfo, record: Record, rejection: str | None) -> None:
+    """A session ended successfully and its record was appended to the ledger.
+
+    Called in the driving process, on the event loop: keep it quick and do not block.
+
+    :param record: the trajectory record as written to the ledger.
+    :param rejection: ``"filter: reason"`` if a filter rejected it, else None.
+    """
+
+
+@hookspec
+def trajkit_run_end(run: RunInfo, statistics: Mapping[str, Any]) -> None:
+    """The run has stopped (finished or interrupted) and ``statistics.json`` was written.
+
+    :param statistics: the statistics of the whole run, across invocations.
+    """

@@ -1,0 +1,127 @@
+"""What a model client plugin provides: a chat request in, one assistant message out."""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from trajkit.config import RunConfig
+
+Message = dict[str, Any]
+"""One chat message in OpenAI wire format (role, content, tool_calls, tool_call_id, reasoning)."""
+
+
+class ModelError(RuntimeError):
+    """The model call failed after the client's own retries; the session fails with it."""
+
+    error_class = "api_error"
+
+
+class ModelAuthError(ModelError):
+    """Credentials were refused: every further call would fail too, so the run stops."""
+
+    error_class = "auth_error"
+
+
+class ModelConfigError(ModelError):
+    """The request can never succeed as configured (unknown model, bad parameters)."""
+
+    error_class = "bad_request"
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+    """The raw argument string the model produced; may be invalid JSON."""
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float | None = None
+
+    def add(self, other: Usage) -> None:
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        if other.cost is not None:
+            self.cost = (self.cost or 0.0) + other.cost
+
+
+@dataclass
+class AssistantMessage:
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+
+
+class ModelClient(ABC):
+    """Turns a chat request into an assistant message.
+
+    Made once per run by :meth:`from_config` and shared by every session of the run, so it may
+    hold connection pools and rate limiters.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, config: RunConfig) -> ModelClient:
+        """Build the client; raise :class:`ModelConfigError` for a configuration that cannot work."""
+
+    @abstractmethod
+    async def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> AssistantMessage:
+        """One model call. Raises :class:`ModelError` once retries are exhausted."""
+
+    async def aclose(self) -> None:
+        """Release connections at the end of the run."""
+
+
+_REASONING_TAGS = re.compile(
+    r"<(think|thinking|REASONING_SCRATCHPAD)>(.*?)(?:</\1>|$)", re.DOTALL | re.IGNORECASE
+)
+
+
+def split_reasoning(content: str) -> tuple[str, str | None]:
+    """Move ``<think>``/``<REASONING_SCRATCHPAD>`` blocks out of ``content``.
+
+    Returns the content without the blocks and the joined reasoning (None when there was none).
+    An unclosed tag runs to the end of the content, as models cut off by the length limit leave it.
+    """
+    if "<" not in content:
+        return content, None
+    parts = [m.group(2).strip() for m in _REASONING_TAGS.finditer(content)]
+    if not parts:
+        return content, None
+    return _REASONING_TAGS.sub("", content).strip(), "\n\n".join(p for p in parts if p) or None
+
+
+def reasoning_from_message(message: dict[str, Any]) -> str | None:
+    """Read reasoning from every structured dialect endpoints use.
+
+    ``reasoning`` (OpenRouter), ``reasoning_content`` (DeepSeek, vLLM, SGLang) and
+    ``reasoning_details`` (OpenRouter's structured blocks: text, summary, or encrypted).
+    """
+    for key in ("reasoning", "reasoning_content"):
+        value = message.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+    details = message.get("reasoning_details")
+    if isinstance(details, list):
+        texts = []
+        for detail in details:
+            if isinstance(detail, dict):
+                text = detail.get("text") or detail.get("summary")
+                if isinstance(text, str) and text.strip():
+                    texts.append(text)
+        if texts:
+            return "\n\n".join(texts)
+    return None

@@ -1,0 +1,193 @@
+"""The sandbox contract every backend keeps.
+
+A *backend* (local, docker, modal, singularity, ...) creates one fresh :class:`Sandbox` per prompt
+from a :class:`SandboxSpec`. A sandbox offers three operations, ``exec``, ``read_file`` and
+``write_file``, whose exceptions are part of the contract, and a lifecycle (``close``) kept apart.
+
+Contract (checked by ``tests/test_sandbox_conformance.py`` against every backend):
+
+- ``exec`` returns only when the command and every process it started are dead; on timeout the
+  whole process tree is killed and ``ExecResult.timed_out`` is true (exit code 124 or the
+  backend's own, never an exception).
+- stdout and stderr are kept apart and capped *while they stream*: the head and the tail are kept
+  and the cut is marked with :func:`truncation_marker`.
+- files travel as bytes, never through a command line; a missing file raises
+  :class:`FileNotFoundError`, a directory raises :class:`IsADirectoryError`.
+- relative paths are relative to the sandbox's working directory.
+- ``close`` is idempotent and leaves nothing behind.
+- sandbox failures (could not start, engine gone) raise :class:`SandboxError`; an image that
+  cannot be had raises :class:`ImageUnavailable`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+DEFAULT_OUTPUT_CAP = 64 * 1024
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (engine unreachable, container died, ...)."""
+
+    error_class = "sandbox_error"
+
+
+class ImageUnavailable(SandboxError):
+    """The image a prompt asks for cannot be found, pulled or built."""
+
+    error_class = "image_unavailable"
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What one prompt's sandbox must look like."""
+
+    run_id: str
+    work_id: str
+    image: str | None = None
+    cwd: str | None = None
+    lifetime: float = 3600.0
+    """Seconds after which the backend itself destroys the sandbox, even if trajkit died."""
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """What the trajectory record says about the sandbox a prompt ran in."""
+
+    backend: str
+    image: str | None = None
+    digest: str | None = None
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    truncated: bool = False
+
+
+class Sandbox(ABC):
+    """One prompt's isolated environment."""
+
+    info: SandboxInfo
+    cwd: str
+    """Absolute working directory inside the sandbox; relative paths resolve against it."""
+
+    @abstractmethod
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        output_cap: int = DEFAULT_OUTPUT_CAP,
+    ) -> ExecResult:
+        """Run ``command`` with ``/bin/sh -c`` in the working directory."""
+
+    @abstractmethod
+    async def read_file(self, path: str) -> bytes: ...
+
+    @abstractmethod
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path``, creating parent directories."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Destroy the sandbox. Safe to call more than once."""
+
+
+class SandboxBackend(ABC):
+    """Creates sandboxes of one kind. One instance per run, made by the runner.
+
+    ``name`` is how rows (``"backend": "docker"``) and flags (``--sandbox``) select it.
+    ``image_based`` says whether rows with an ``image`` may route to it.
+    """
+
+    name: ClassVar[str]
+    image_based: ClassVar[bool] = False
+    description: ClassVar[str] = ""
+
+    def __init__(self, options: Mapping[str, object] | None = None) -> None:
+        self.options: Mapping[str, object] = options or {}
+
+    def owns_image(self, image: str) -> bool:
+        """True if ``image`` is a reference only this backend understands (e.g. ``*.sif``)."""
+        return False
+
+    async def verify_image(self, image: str) -> str | None:
+        """Make ``image`` usable (present locally, pulled or built) before any model call.
+
+        Called once per distinct image, before sessions start. Returns the image's digest when
+        known. Raises :class:`ImageUnavailable` with a reason a person can act on.
+        """
+        return None
+
+    @abstractmethod
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """Create and start a fresh sandbox. Raises :class:`SandboxError`."""
+
+    async def reap(self, run_id: str | None = None) -> int:
+        """Remove sandboxes left behind by dead runs (all of ``run_id``'s when given).
+
+        Returns how many were removed. Called at the start of every run.
+        """
+        return 0
+
+    async def aclose(self) -> None:
+        """Release clients and connections at the end of a run."""
+
+
+def truncation_marker(omitted: int) -> str:
+    return f"\n[... {omitted} bytes truncated ...]\n"
+
+
+class CappedBuffer:
+    """Keeps the first and last ``cap // 2`` bytes of a stream fed chunk by chunk.
+
+    Memory stays bounded by ``cap`` however much the stream produces.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.cap // 2 - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            excess = len(self.tail) - (self.cap - self.cap // 2)
+            if excess > 0:
+                del self.tail[:excess]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.head) + len(self.tail)
+
+    def text(self) -> str:
+        head = self.head.decode("utf-8", "replace")
+        tail = self.tail.decode("utf-8", "replace")
+        if self.truncated:
+            return head + truncation_marker(self.total - len(self.head) - len(self.tail)) + tail
+        return head + tail
+
+
+def cap_text(text: str, cap: int) -> str:
+    """Cap an already complete string the same way :class:`CappedBuffer` caps a stream."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= cap:
+        return text
+    buffer = CappedBuffer(cap)
+    buffer.feed(data)
+    return buffer.text()
