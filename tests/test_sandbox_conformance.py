@@ -1,0 +1,43 @@
+"""The conformance suite on the built-in local backend, plain and isolated by bubblewrap.
+
+Other backends run the same suite from their own test modules.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trajkit.plugins.local_sandbox import LocalBackend
+from trajkit.sandbox import SandboxBackend
+from trajkit.testing.engines import need_engine
+from trajkit.testing.sandbox_conformance import SandboxConformance
+
+
+class LocalHarness:
+    image = None
+
+    def __init__(self, root: Path, **options: str) -> None:
+        self.options = {"root": str(root), **options}
+
+    def make_backend(self) -> SandboxBackend:
+        return LocalBackend(self.options)
+
+    async def leftovers(self, backend: SandboxBackend, run_id: str) -> list[str]:
+        root = Path(self.options["root"])
+        return [p.name for p in root.glob(f"{run_id}.*")] if root.exists() else []
+
+
+class TestLocalConformance(SandboxConformance):
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> LocalHarness:
+        return LocalHarness(tmp_path)
+
+
+class TestBubblewrapConformance(SandboxConformance):
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> LocalHarness:
+        need_engine("bwrap", None if shutil.which("bwrap") else "bubblewrap is not installed")
+        return LocalHarness(tmp_path, isolation="bwrap")

@@ -1,0 +1,104 @@
+"""The run configuration: every flag of ``trajkit run``, validated once at the boundary."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra"]
+DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a capable assistant working in a sandboxed environment. Use the tools you are given "
+    "to inspect, create and run things; think step by step, check results, and finish with a "
+    "concise answer."
+)
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+# Settings that change what a session produces: resuming with any of them changed mixes two
+# configurations in one dataset, so the run warns and records it.
+OUTPUT_AFFECTING = (
+    "model",
+    "base_url",
+    "distribution",
+    "max_turns",
+    "seed",
+    "system_prompt",
+    "reasoning_effort",
+    "reasoning_disabled",
+    "max_tokens",
+    "temperature",
+)
+
+
+class RunConfig(BaseModel):
+    """Everything a run needs to know. Secrets are ``SecretStr`` and never serialised."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset_file: Path
+    run_name: str
+    output_dir: Path = Path("data")
+    batch_size: int = Field(100, ge=1)
+    distribution: str = "default"
+    model: str = "scripted"
+    base_url: str = DEFAULT_BASE_URL
+    api_key: SecretStr | None = None
+    max_turns: int = Field(10, ge=1)
+    num_workers: int = Field(16, ge=1)
+    max_samples: int | None = Field(None, ge=0)
+    resume: bool = False
+    overwrite: bool = False
+    seed: int = 0
+    verbose: bool = False
+    quiet: bool = False
+    log_prefix_chars: int = Field(100, ge=0)
+
+    providers_allowed: list[str] = []
+    providers_ignored: list[str] = []
+    providers_order: list[str] = []
+    provider_sort: Literal["price", "throughput", "latency"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    reasoning_disabled: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = None
+    request_timeout: float = Field(600.0, gt=0)
+    max_retries: int = Field(4, ge=0)
+
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    ephemeral_system_prompt: str | None = None
+    prefill_messages: list[dict[str, Any]] = []
+
+    sandbox: str = "local"
+    image_backend: str = "docker"
+    sandbox_options: dict[str, dict[str, str]] = {}
+    sandbox_lifetime: float = Field(3600.0, gt=0)
+    tool_timeout: float = Field(120.0, gt=0)
+    tool_output_cap: int = Field(16 * 1024, ge=256)
+    prompt_timeout: float = Field(1800.0, gt=0)
+    max_attempts: int = Field(3, ge=1)
+    retry_backoff: float = Field(2.0, ge=0)
+
+    filters: list[str] = []
+    disabled_filters: list[str] = []
+    writers: list[str] = ["sharegpt"]
+
+    @field_validator("run_name")
+    @classmethod
+    def _safe_run_name(cls, value: str) -> str:
+        if not _RUN_NAME.match(value):
+            raise ValueError("use letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return value
+
+    @property
+    def run_dir(self) -> Path:
+        return self.output_dir / self.run_name
+
+    def manifest(self) -> dict[str, Any]:
+        """The configuration as saved in the run directory: secrets and ephemeral parts left out."""
+        data = self.model_dump(mode="json", exclude={"api_key", "ephemeral_system_prompt", "prefill_messages"})
+        data["ephemeral_system_prompt_used"] = self.ephemeral_system_prompt is not None
+        data["prefill_messages_used"] = len(self.prefill_messages)
+        return data

@@ -1,0 +1,121 @@
+"""Reading the prompt file and planning the work items of a run.
+
+A prompt's identity is its content: the prompt and the fields that change how it executes
+(image, cwd, backend), hashed. k identical rows are k work items, told apart by their occurrence
+number, so a dataset may be reordered or edited between invocations and still resume exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+EXECUTION_FIELDS = ("prompt", "image", "cwd", "backend")
+
+
+class DatasetRow(BaseModel):
+    """One line of the prompt file. Fields beyond these travel to the record's metadata."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+
+    prompt: str
+    image: str | None = None
+    cwd: str | None = None
+    backend: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _docker_image_alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "docker_image" in data:
+            data = dict(data)
+            alias = data.pop("docker_image")
+            if data.get("image") is None:
+                data["image"] = alias
+        return data
+
+    @property
+    def extra_fields(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def prompt_id(self) -> str:
+        identity = {name: getattr(self, name) for name in EXECUTION_FIELDS}
+        canonical = json.dumps(identity, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    index: int
+    """0-based line position of the row in the dataset file as it is now (the record's prompt_index)."""
+    line: int
+    row: DatasetRow
+    prompt_id: str
+    occurrence: int
+    """0 for the first row with this prompt_id, 1 for the second copy, ..."""
+
+    @property
+    def work_id(self) -> str:
+        return f"{self.prompt_id}.{self.occurrence}"
+
+
+@dataclass(frozen=True)
+class RowError:
+    path: Path
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+def read_dataset(path: Path) -> tuple[list[WorkItem], list[RowError]]:
+    """Parse every line; bad lines become errors naming file and line, the good ones still run."""
+    items: list[WorkItem] = []
+    errors: list[RowError] = []
+    seen: dict[str, int] = {}
+    for line_number, raw in _lines(path):
+        if not raw.strip():
+            continue
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            errors.append(RowError(path, line_number, f"invalid JSON: {exc.msg} at column {exc.colno}"))
+            continue
+        if not isinstance(data, dict):
+            errors.append(RowError(path, line_number, f"expected a JSON object, got {type(data).__name__}"))
+            continue
+        try:
+            row = DatasetRow.model_validate(data)
+        except ValidationError as exc:
+            errors.append(RowError(path, line_number, _describe(exc)))
+            continue
+        if not row.prompt.strip():
+            errors.append(RowError(path, line_number, "'prompt' is empty"))
+            continue
+        prompt_id = row.prompt_id()
+        occurrence = seen.get(prompt_id, 0)
+        seen[prompt_id] = occurrence + 1
+        items.append(WorkItem(line_number - 1, line_number, row, prompt_id, occurrence))
+    return items, errors
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        yield from enumerate(handle, start=1)
+
+
+def _describe(exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "row"
+        if error["type"] == "missing":
+            problems.append(f"missing required field '{where}'")
+        else:
+            problems.append(f"field '{where}': {error['msg'].lower()}")
+    return "; ".join(problems)
