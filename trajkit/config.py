@@ -38,8 +38,8 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    dataset_file: Path
-    run_name: str
+    dataset_file: Path | None = None
+    run_name: str = "run"
     output_dir: Path = Path("data")
     batch_size: int = Field(100, ge=1)
     distribution: str = "default"
@@ -98,7 +98,9 @@ class RunConfig(BaseModel):
 
     def manifest(self) -> dict[str, Any]:
         """The configuration as saved in the run directory: secrets and ephemeral parts left out."""
-        data = self.model_dump(mode="json", exclude={"api_key", "ephemeral_system_prompt", "prefill_messages"})
+        data = self.model_dump(
+            mode="json", exclude={"api_key", "ephemeral_system_prompt", "prefill_messages"}
+        )
         data["ephemeral_system_prompt_used"] = self.ephemeral_system_prompt is not None
         data["prefill_messages_used"] = len(self.prefill_messages)
         return data

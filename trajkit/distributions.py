@@ -23,7 +23,9 @@ class Distribution:
     def __post_init__(self) -> None:
         for toolset, p in self.probabilities.items():
             if not 0.0 <= p <= 1.0:
-                raise ValueError(f"distribution {self.name!r}: probability of {toolset!r} is {p}, not in [0, 1]")
+                raise ValueError(
+                    f"distribution {self.name!r}: probability of {toolset!r} is {p}, not in [0, 1]"
+                )
         if not any(p > 0 for p in self.probabilities.values()):
             raise ValueError(f"distribution {self.name!r} gives every toolset probability 0")
 

@@ -44,7 +44,11 @@ DEFAULT_PLUGINS = (
 )
 
 # Backends that live in their own packages, so an unknown name can say what to install.
-BACKEND_PACKAGES = {"docker": "trajkit-docker", "modal": "trajkit-modal", "singularity": "trajkit-singularity"}
+BACKEND_PACKAGES = {
+    "docker": "trajkit-docker",
+    "modal": "trajkit-modal",
+    "singularity": "trajkit-singularity",
+}
 
 T = TypeVar("T")
 
@@ -125,7 +129,9 @@ class PluginHost:
         for hook_name in _REGISTRATION_HOOKS:
             items = self._call_one(hook_name, plugin)
             if items:
-                found[hook_name.removeprefix("trajkit_")] = [getattr(item, "name", repr(item)) for item in items]
+                found[hook_name.removeprefix("trajkit_")] = [
+                    getattr(item, "name", repr(item)) for item in items
+                ]
         return found
 
     # -- lifecycle events --------------------------------------------------------------------------

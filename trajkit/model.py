@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -18,18 +19,32 @@ class ModelError(RuntimeError):
     """The model call failed after the client's own retries; the session fails with it."""
 
     error_class = "api_error"
+    retryable = True
+    """Worth another attempt of the session within this run."""
+    stops_run = False
+    """Every other session would fail the same way: the run stops instead of failing them one by one."""
 
 
 class ModelAuthError(ModelError):
     """Credentials were refused: every further call would fail too, so the run stops."""
 
     error_class = "auth_error"
+    retryable = False
+    stops_run = True
 
 
 class ModelConfigError(ModelError):
     """The request can never succeed as configured (unknown model, bad parameters)."""
 
     error_class = "bad_request"
+    retryable = False
+
+
+class ModelNotFound(ModelConfigError):
+    """The endpoint does not know the model: no prompt of the run can succeed."""
+
+    error_class = "model_not_found"
+    stops_run = True
 
 
 @dataclass
@@ -125,3 +140,39 @@ def reasoning_from_message(message: dict[str, Any]) -> str | None:
         if texts:
             return "\n\n".join(texts)
     return None
+
+
+def parse_assistant_message(
+    message: dict[str, Any], usage: dict[str, Any] | None = None, finish_reason: str | None = None
+) -> AssistantMessage:
+    """Read one wire-format assistant message, whatever the endpoint's dialect.
+
+    Reasoning tags in the content are moved into ``reasoning``; tool calls without an id get a
+    stable one, so the history sent back is always well-formed.
+    """
+    content, tagged = split_reasoning(message.get("content") or "")
+    reasoning = reasoning_from_message(message)
+    if tagged:
+        reasoning = f"{reasoning}\n\n{tagged}" if reasoning else tagged
+    calls = []
+    for position, call in enumerate(message.get("tool_calls") or []):
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments if arguments is not None else {})
+        calls.append(
+            ToolCall(call.get("id") or f"call_{position}", str(function.get("name") or ""), arguments)
+        )
+    usage = usage or {}
+    cost = usage.get("cost")
+    return AssistantMessage(
+        content=content,
+        reasoning=reasoning,
+        tool_calls=calls,
+        usage=Usage(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            cost=float(cost) if isinstance(cost, int | float) else None,
+        ),
+        finish_reason=finish_reason,
+    )

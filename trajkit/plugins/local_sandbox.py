@@ -9,6 +9,7 @@ a private /tmp, no network, and its own PID namespace, so nothing it starts can 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -16,7 +17,6 @@ import signal
 import socket
 import tempfile
 import time
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -125,7 +125,12 @@ class LocalSandbox(Sandbox):
             raise SandboxError("sandbox is closed")
         # A clean environment: the runner's own variables (API keys among them) must never be
         # visible to a command whose output lands in a trajectory.
-        full_env = {**BASE_ENV, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self.cwd, **(env or {})}
+        full_env = {
+            **BASE_ENV,
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": self.cwd,
+            **(env or {}),
+        }
         argv = self._argv(command, full_env)
         # Pipes of our own: asyncio's wait() would otherwise also wait for the pipes to close,
         # which a background child keeps open, and the kill below would never come.
@@ -250,7 +255,5 @@ async def _pump(fd: int, buffer: CappedBuffer) -> None:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -13,7 +13,9 @@ import pytest
 
 
 def engine_required(name: str) -> bool:
-    wanted = {part.strip() for part in os.environ.get("TRAJKIT_REQUIRE_ENGINES", "").split(",") if part.strip()}
+    wanted = {
+        part.strip() for part in os.environ.get("TRAJKIT_REQUIRE_ENGINES", "").split(",") if part.strip()
+    }
     return "all" in wanted or name in wanted
 
 

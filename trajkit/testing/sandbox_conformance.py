@@ -188,6 +188,4 @@ async def survivors(sandbox: Sandbox, marker: str) -> list[str]:
     listing = await sandbox.exec(
         "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done", timeout=30
     )
-    return [
-        line for line in listing.stdout.splitlines() if f"sleep {marker}" in line and "/proc" not in line
-    ]
+    return [line for line in listing.stdout.splitlines() if f"sleep {marker}" in line and "/proc" not in line]

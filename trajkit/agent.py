@@ -1,0 +1,157 @@
+"""The agent loop: model and tools taking turns against one sandbox, until an answer or max_turns.
+
+The history sent to the model is always well-formed: every tool call is answered by its id, a
+call to a tool that was not offered or with unparseable arguments is answered with an error
+message (and counted as a failure of that tool, never a success).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trajkit.model import AssistantMessage, Message, ModelClient, ToolCall, Usage
+from trajkit.sandbox import Sandbox, SandboxError, cap_text
+from trajkit.tools import Tool, ToolContext, ToolError, ToolOutcome
+
+
+@dataclass
+class ToolStat:
+    count: int = 0
+    success: int = 0
+    failure: int = 0
+
+
+@dataclass
+class ConversationResult:
+    final_response: str | None
+    messages: list[Message]
+    """The history as it is saved: the system prompt the model saw (without the ephemeral part),
+    the prompt, then every assistant and tool message. Prefill messages are not in it."""
+    api_calls: int
+    completed: bool
+    """The model gave a final answer within max_turns."""
+    usage: Usage
+    tool_stats: dict[str, ToolStat] = field(default_factory=dict)
+    invalid_tool_calls: int = 0
+    """Calls to names that are no tool of the run at all (so have no column in tool_stats)."""
+    finish_reason: str | None = None
+
+
+@dataclass
+class Session:
+    """Everything one conversation needs besides the prompt."""
+
+    client: ModelClient
+    sandbox: Sandbox
+    tools: Mapping[str, Tool]
+    """The tools offered to this prompt."""
+    known_tools: frozenset[str] = frozenset()
+    """Every tool of the run, offered or not: calls to these are counted under their own name."""
+    system_prompt: str | None = None
+    ephemeral_system_prompt: str | None = None
+    prefill_messages: Sequence[Message] = ()
+    max_turns: int = 10
+    tool_timeout: float = 120.0
+    tool_output_cap: int = 16 * 1024
+
+
+def _wire(message: AssistantMessage) -> Message:
+    """The assistant message as sent back to the model (no trajkit-only fields)."""
+    wire: Message = {"role": "assistant", "content": message.content or (None if message.tool_calls else "")}
+    if message.tool_calls:
+        wire["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+    return wire
+
+
+async def run_conversation(session: Session, prompt: str) -> ConversationResult:
+    sent_system = "\n\n".join(p for p in (session.system_prompt, session.ephemeral_system_prompt) if p)
+    head: list[Message] = [{"role": "system", "content": sent_system}] if sent_system else []
+    head += list(session.prefill_messages)
+    saved: list[Message] = (
+        [{"role": "system", "content": session.system_prompt}] if session.system_prompt else []
+    )
+    user: Message = {"role": "user", "content": prompt}
+    history: list[Message] = [user]  # what is both sent and saved
+    saved_history: list[Message] = [user]
+    schemas = [tool.schema() for tool in session.tools.values()]
+    result = ConversationResult(
+        None, saved, 0, False, Usage(), {name: ToolStat() for name in session.known_tools}
+    )
+
+    while result.api_calls < session.max_turns:
+        reply = await session.client.complete(head + history, schemas)
+        result.api_calls += 1
+        result.usage.add(reply.usage)
+        result.finish_reason = reply.finish_reason
+        _dedupe_call_ids(reply.tool_calls, result.api_calls)
+        history.append(_wire(reply))
+        saved_history.append({**_wire(reply), "reasoning": reply.reasoning})
+        if not reply.tool_calls:
+            result.final_response = reply.content
+            result.completed = True
+            break
+        outcomes = await asyncio.gather(*(_call_tool(session, call) for call in reply.tool_calls))
+        for call, outcome in zip(reply.tool_calls, outcomes, strict=True):
+            _count(result, session, call.name, outcome.ok)
+            tool_message = {"role": "tool", "tool_call_id": call.id, "content": outcome.content}
+            history.append(tool_message)
+            saved_history.append({**tool_message, "name": call.name})
+    else:
+        result.finish_reason = "max_turns"
+    result.messages = saved + saved_history
+    return result
+
+
+def _dedupe_call_ids(calls: list[ToolCall], turn: int) -> None:
+    """Some providers repeat or omit ids; every call must be answerable by a unique id."""
+    seen: set[str] = set()
+    for position, call in enumerate(calls):
+        if not call.id or call.id in seen:
+            call.id = f"call_{turn}_{position}"
+        seen.add(call.id)
+
+
+def _count(result: ConversationResult, session: Session, name: str, ok: bool) -> None:
+    stat = result.tool_stats.get(name)
+    if stat is None:
+        if name not in session.tools and name not in session.known_tools:
+            result.invalid_tool_calls += 1
+            return
+        stat = result.tool_stats[name] = ToolStat()
+    stat.count += 1
+    if ok:
+        stat.success += 1
+    else:
+        stat.failure += 1
+
+
+async def _call_tool(session: Session, call: ToolCall) -> ToolOutcome:
+    tool = session.tools.get(call.name)
+    if tool is None:
+        offered = ", ".join(sorted(session.tools)) or "none"
+        return ToolOutcome(
+            f"Error: tool '{call.name}' is not available. Available tools: {offered}.", ok=False
+        )
+    try:
+        arguments: Any = json.loads(call.arguments) if call.arguments.strip() else {}
+    except ValueError as exc:
+        return ToolOutcome(f"Error: arguments are not valid JSON ({exc}); send a JSON object.", ok=False)
+    if not isinstance(arguments, dict):
+        return ToolOutcome("Error: arguments must be a JSON object.", ok=False)
+    context = ToolContext(session.sandbox, session.tool_timeout, session.tool_output_cap)
+    try:
+        content = await tool.run(arguments, context)
+    except ToolError as exc:
+        return ToolOutcome(cap_text(f"Error: {exc}", session.tool_output_cap), ok=False)
+    except SandboxError:
+        raise  # the sandbox itself is broken: the session fails and is retried
+    except Exception as exc:  # a bug in one tool must not end the session: the model is told
+        return ToolOutcome(f"Error: {call.name} failed: {type(exc).__name__}: {exc}", ok=False)
+    return ToolOutcome(cap_text(content, session.tool_output_cap), ok=True)

@@ -1,0 +1,253 @@
+"""The ``trajkit`` command line.
+
+Every flag of the reference runner is accepted in both spellings (``--dataset_file`` and
+``--dataset-file``) so existing commands keep working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from trajkit import __version__
+from trajkit.config import RunConfig
+from trajkit.manager import PluginError, PluginHost, load_plugins
+
+log = logging.getLogger("trajkit")
+
+
+def option(name: str, dest: str | None = None, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A click option under ``--snake_case`` and ``--kebab-case``, stored as ``dest`` (default: the name)."""
+    spellings = dict.fromkeys([f"--{name}", f"--{name.replace('_', '-')}"])
+    return click.option(*spellings, dest or name, **kwargs)
+
+
+def comma_list(_ctx: click.Context, _param: click.Parameter, value: str | None) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()] if value else []
+
+
+def key_values(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """``docker.network=host`` -> {"docker": {"network": "host"}}."""
+    options: dict[str, dict[str, str]] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        backend, dot, setting = key.partition(".")
+        if not sep or not dot or not backend or not setting:
+            raise click.BadParameter(f"{item!r}: expected BACKEND.KEY=VALUE, e.g. docker.network=host")
+        options.setdefault(backend, {})[setting] = value
+    return options
+
+
+def load_host(ctx: click.Context) -> PluginHost:
+    host: PluginHost = ctx.obj
+    for error in host.load_errors:
+        log.warning("%s", error)
+    return host
+
+
+class TrajkitGroup(click.Group):
+    """Loads plugins before parsing, so plugins can add commands."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            host = load_plugins()
+        except PluginError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        host.register_commands(self)
+        kwargs.setdefault("obj", host)
+        return super().main(*args, **kwargs)
+
+
+@click.group(cls=TrajkitGroup)
+@click.version_option(__version__, prog_name="trajkit")
+def cli() -> None:
+    """Turn a JSONL file of prompts into tool-calling agent trajectories for training."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+
+
+@cli.command()
+@option("dataset_file", type=click.Path(path_type=Path), help="JSONL file, one {\"prompt\": ...} per line.")
+@option("run_name", help="Names the run directory under --output_dir.")
+@option("output_dir", type=click.Path(path_type=Path), default=Path("data"), show_default=True)
+@option("batch_size", type=int, default=100, show_default=True, help="Records per ledger file.")
+@option("distribution", default="default", show_default=True, help="Toolset distribution.")
+@option("model", default="scripted", show_default=True, help="'scripted' (offline) or a model slug.")
+@option("base_url", default="https://openrouter.ai/api/v1", show_default=True)
+@option("api_key", default=None, help="Default: $OPENROUTER_API_KEY or $OPENAI_API_KEY.")
+@option("max_turns", type=int, default=10, show_default=True, help="Model calls per prompt at most.")
+@option("num_workers", type=int, default=16, show_default=True, help="Sessions in flight at once.")
+@option("resume", is_flag=True, help="Continue the run in the run directory.")
+@option("overwrite", is_flag=True, help="Delete an existing run of this name first.")
+@option("verbose", is_flag=True)
+@option("quiet", is_flag=True, help="No progress display.")
+@option("max_samples", type=int, default=None, help="Use only the first N rows.")
+@option("providers_allowed", callback=comma_list, help="OpenRouter providers to use, comma-separated.")
+@option("providers_ignored", callback=comma_list, help="OpenRouter providers to avoid.")
+@option("providers_order", callback=comma_list, help="OpenRouter providers to try in order.")
+@option("provider_sort", type=click.Choice(["price", "throughput", "latency"]), default=None)
+@option(
+    "reasoning_effort",
+    type=click.Choice(["none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra"]),
+    default=None,
+)
+@option("reasoning_disabled", is_flag=True)
+@option("max_tokens", type=int, default=None)
+@option("temperature", type=float, default=None)
+@option("ephemeral_system_prompt", default=None, help="Used in every session, never saved.")
+@option("system_prompt", default=None, help="Replaces the default system prompt (saved).")
+@option("prefill_messages_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None)
+@option("log_prefix_chars", type=int, default=100, show_default=True)
+@option("seed", type=int, default=0, show_default=True, help="Seeds toolset sampling per prompt.")
+@option("sandbox", default="local", show_default=True, help="Backend for rows without an image.")
+@option("image_backend", default="docker", show_default=True, help="Backend for rows with an image.")
+@option("sandbox_option", "sandbox_options", multiple=True, callback=key_values, help="BACKEND.KEY=VALUE, repeatable.")
+@option("prompt_timeout", type=float, default=1800.0, show_default=True, help="Seconds per prompt attempt.")
+@option("tool_timeout", type=float, default=120.0, show_default=True)
+@option("max_attempts", type=int, default=3, show_default=True, help="Attempts per prompt in one invocation.")
+@option("filter", "filters", multiple=True, help="Enable a filter that is off by default.")
+@option("no_filter", "disabled_filters", multiple=True, help="Disable a filter.")
+@option("writer", "writers", multiple=True, help="Output writer(s); default sharegpt.")
+@option("list_distributions", is_flag=True, help="List toolset distributions and exit.")
+@click.pass_context
+def run(ctx: click.Context, **flags: Any) -> None:
+    """Run every prompt of DATASET_FILE through an agent session and write the run directory."""
+    host = load_host(ctx)
+    if flags.pop("list_distributions"):
+        print_distributions(host)
+        return
+    for required in ("dataset_file", "run_name"):
+        if not flags.get(required):
+            raise click.UsageError(f"--{required} is required")
+    prefill = flags.pop("prefill_messages_file")
+    flags["prefill_messages"] = read_prefill(prefill) if prefill else []
+    flags["writers"] = list(flags["writers"]) or ["sharegpt"]
+    for key in ("filters", "disabled_filters"):
+        flags[key] = list(flags[key])
+    if flags["system_prompt"] is None:
+        flags.pop("system_prompt")
+    try:
+        config = RunConfig(**flags)
+    except ValidationError as exc:
+        raise click.UsageError(_describe(exc)) from None
+    ctx.exit(execute(config, host))
+
+
+def execute(config: RunConfig, host: PluginHost) -> int:
+    """Run and report; returns the process exit code."""
+    from trajkit.model import ModelConfigError
+    from trajkit.runner import EXIT_USAGE, Runner, RunError
+
+    try:
+        runner = Runner(config, host)
+        outcome = asyncio.run(runner.run())
+    except (RunError, PluginError, ModelConfigError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return EXIT_USAGE
+    stats = outcome.statistics
+    click.echo(
+        f"{config.run_dir}: {stats['done']}/{stats['dataset_rows']} rows done, {stats['kept']} kept, "
+        f"{stats['rejected']} rejected, {stats['pending']} pending"
+        + (f", {len(outcome.row_errors)} invalid rows" if outcome.row_errors else ""),
+        err=True,
+    )
+    if stats["pending"] or runner.interrupted:
+        click.echo(
+            f"to finish: trajkit run --dataset_file {config.dataset_file} --run_name {config.run_name} "
+            f"--output_dir {config.output_dir} --resume",
+            err=True,
+        )
+    return outcome.exit_code
+
+
+def read_prefill(path: Path) -> list[dict[str, Any]]:
+    try:
+        messages = json.loads(path.read_text())
+    except ValueError as exc:
+        raise click.BadParameter(f"{path}: invalid JSON: {exc}") from None
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and m.get("role") in {"system", "user", "assistant"} and "content" in m for m in messages
+    ):
+        raise click.BadParameter(f"{path}: expected a JSON list of {{role, content}} messages")
+    return messages
+
+
+def _describe(exc: ValidationError) -> str:
+    return "; ".join(f"--{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+
+
+def print_distributions(host: PluginHost) -> None:
+    for name, distribution in sorted(host.distributions.items()):
+        shares = ", ".join(f"{ts} {p:.0%}" for ts, p in sorted(distribution.probabilities.items()))
+        click.echo(f"{name:16} {shares}  ({distribution.description})")
+
+
+@cli.command()
+@click.pass_context
+def distributions(ctx: click.Context) -> None:
+    """List toolset distributions and their probabilities."""
+    print_distributions(load_host(ctx))
+
+
+@cli.command()
+@click.pass_context
+def plugins(ctx: click.Context) -> None:
+    """List installed plugins, where they come from, and what each registers."""
+    host = load_host(ctx)
+    for name, plugin in sorted(host.pm.list_name_plugin(), key=lambda pair: pair[0]):
+        hooks = sorted(h.name for h in host.pm.get_hookcallers(plugin) or [])
+        click.echo(f"{name}  [{host.sources.get(name, '?')}]")
+        click.echo(f"    hooks: {', '.join(hooks)}")
+        for concern, names in host.registrations(plugin).items():
+            click.echo(f"    {concern}: {', '.join(names)}")
+    for error in host.load_errors:
+        click.echo(f"BROKEN {error}")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
+def status(run_dir: Path) -> None:
+    """Where a run stands: done, rejected, failing, pending."""
+    from trajkit.runner import run_status
+
+    for key, value in run_status(run_dir).items():
+        click.echo(f"{key:18} {value}")
+
+
+@cli.group()
+def sandbox() -> None:
+    """Sandbox maintenance."""
+
+
+@sandbox.command()
+@click.option("--backend", "names", multiple=True, help="Only these backends (default: all installed).")
+@click.option("--run-id", default=None, help="Remove every sandbox of this run id, alive or not.")
+@click.pass_context
+def reap(ctx: click.Context, names: tuple[str, ...], run_id: str | None) -> None:
+    """Remove sandboxes left behind by crashed runs."""
+    host = load_host(ctx.find_root())
+
+    async def reap_all() -> None:
+        for name in names or sorted(host.backends):
+            try:
+                backend = host.backend(name)()
+                removed = await backend.reap(run_id)
+                await backend.aclose()
+            except Exception as exc:
+                click.echo(f"{name}: {exc}", err=True)
+                continue
+            click.echo(f"{name}: removed {removed}")
+
+    asyncio.run(reap_all())
+
+
+def main() -> None:
+    cli(prog_name="trajkit")

@@ -1,0 +1,197 @@
+"""The merge and the statistics: rebuilt from the whole ledger, deterministically, every time.
+
+Same ledger and dataset, same outputs: rows in dataset order, exactly one record per row,
+filters re-applied, every output written atomically. The statistics cover every invocation of
+the run, not just the last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trajkit.dataset import WorkItem
+from trajkit.filters import Record, TrajectoryFilter
+from trajkit.ledger import FAILURES_FILE, LedgerIndex, Location, RecordReader, read_jsonl
+from trajkit.writers import OutputWriter
+
+REJECTED_FILE = "rejected.jsonl"
+
+
+def rejection(record: Record, filters: Sequence[TrajectoryFilter]) -> str | None:
+    """``"filter: reason"`` from the first filter that rejects the record, else None."""
+    for check in filters:
+        reason = check.check(record)
+        if reason:
+            return f"{check.name}: {reason}"
+    return None
+
+
+@dataclass
+class Tally:
+    """Aggregates over the records of the run, fed one record at a time."""
+
+    run_tools: list[str]
+    trajectories: int = 0
+    kept: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    completed: int = 0
+    with_reasoning: int = 0
+    gpt_turns: int = 0
+    gpt_turns_with_reasoning: int = 0
+    api_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    duration_s: float = 0.0
+    invalid_tool_calls: int = 0
+    backends: Counter[str] = field(default_factory=Counter)
+    tools: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def add(self, record: Record, reason: str | None) -> None:
+        self.trajectories += 1
+        if reason is None:
+            self.kept += 1
+        else:
+            self.rejected[reason.split(":", 1)[0]] += 1
+        self.completed += bool(record["completed"])
+        gpt = [t for t in record["conversations"] if t["from"] == "gpt"]
+        reasoned = sum(1 for t in gpt if t.get("reasoning"))
+        self.gpt_turns += len(gpt)
+        self.gpt_turns_with_reasoning += reasoned
+        self.with_reasoning += reasoned > 0
+        self.api_calls += record["api_calls"]
+        usage = record["usage"]
+        self.prompt_tokens += usage["prompt_tokens"]
+        self.completion_tokens += usage["completion_tokens"]
+        self.cost += usage["cost"] or 0.0
+        self.duration_s += record["duration_s"]
+        self.invalid_tool_calls += record.get("invalid_tool_calls", 0)
+        self.backends[record["sandbox"]["backend"]] += 1
+        for name, stat in record["tool_stats"].items():
+            self.tools.setdefault(name, Counter()).update(stat)
+
+    def as_dict(self) -> dict[str, Any]:
+        tools = {}
+        for name in sorted(set(self.run_tools) | set(self.tools)):
+            stat = self.tools.get(name, Counter())
+            count = stat["count"]
+            tools[name] = {
+                "count": count,
+                "success": stat["success"],
+                "failure": stat["failure"],
+                "success_rate": round(stat["success"] / count, 4) if count else None,
+                "failure_rate": round(stat["failure"] / count, 4) if count else None,
+            }
+        return {
+            "trajectories": self.trajectories,
+            "kept": self.kept,
+            "rejected": self.trajectories - self.kept,
+            "rejected_by_filter": dict(sorted(self.rejected.items())),
+            "completed": self.completed,
+            "partial": self.trajectories - self.completed,
+            "reasoning_coverage": _ratio(self.with_reasoning, self.trajectories),
+            "reasoning_turn_coverage": _ratio(self.gpt_turns_with_reasoning, self.gpt_turns),
+            "api_calls": self.api_calls,
+            "tokens": {
+                "prompt": self.prompt_tokens,
+                "completion": self.completion_tokens,
+                "total": self.prompt_tokens + self.completion_tokens,
+            },
+            "cost": round(self.cost, 6),
+            "session_seconds": round(self.duration_s, 3),
+            "invalid_tool_calls": self.invalid_tool_calls,
+            "backends": dict(sorted(self.backends.items())),
+            "tools": tools,
+        }
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
+
+
+def finalize(
+    run_dir: Path,
+    paired: list[tuple[WorkItem, Location | None]],
+    index: LedgerIndex,
+    filters: Sequence[TrajectoryFilter],
+    writers: Sequence[OutputWriter],
+    run_tools: list[str],
+) -> dict[str, Any]:
+    """Write every writer's output and ``rejected.jsonl``; return the record statistics."""
+    done = [(item, location) for item, location in paired if location is not None]
+    reader = RecordReader(index)
+    tally = Tally(run_tools)
+
+    def records() -> Iterator[tuple[dict[str, Any], str | None]]:
+        for item, location in done:
+            record = reader.read(location)
+            record["prompt_index"] = item.index
+            yield record, rejection(record, filters)
+
+    try:
+        with _atomic(run_dir / REJECTED_FILE) as rejected_path, rejected_path.open("w") as rejected_out:
+
+            def kept() -> Iterator[dict[str, Any]]:
+                for record, reason in records():
+                    tally.add(record, reason)
+                    if reason is None:
+                        yield record
+                    else:
+                        line = {
+                            "work_id": record["work_id"],
+                            "prompt_index": record["prompt_index"],
+                            "reason": reason,
+                        }
+                        rejected_out.write(json.dumps({**line, "record": record}, ensure_ascii=False) + "\n")
+
+            first, *others = writers
+            with _atomic(run_dir / first.filename) as path:
+                first.write(kept(), path)
+            for writer in others:
+                with _atomic(run_dir / writer.filename) as path:
+                    writer.write((r for r, reason in records() if reason is None), path)
+    finally:
+        reader.close()
+    return tally.as_dict()
+
+
+class _atomic:
+    """Yields a temporary path beside ``target``; renames it into place only on success."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        os.close(fd)
+        self.tmp = Path(name)
+
+    def __enter__(self) -> Path:
+        return self.tmp
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            os.replace(self.tmp, self.target)
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
+def failure_summary(run_dir: Path, pending_work: set[str]) -> dict[str, Any]:
+    """Failures across invocations: every attempt by class, and the rows still failing."""
+    attempts: Counter[str] = Counter()
+    last_error: dict[str, str] = {}
+    for entry in read_jsonl(run_dir / FAILURES_FILE):
+        attempts[entry.get("error_class", "unknown")] += 1
+        last_error[entry.get("work_id", "")] = entry.get("error_class", "unknown")
+    still_failing = Counter(cls for work, cls in last_error.items() if work in pending_work)
+    return {
+        "failed_attempts": sum(attempts.values()),
+        "failed_attempts_by_class": dict(sorted(attempts.items())),
+        "failing": sum(still_failing.values()),
+        "failing_by_class": dict(sorted(still_failing.items())),
+    }

@@ -1,0 +1,160 @@
+"""Built-in toolsets: ``terminal``, ``file`` and ``code``, each running against the prompt's sandbox."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import uuid
+from typing import Any
+
+from trajkit import hookimpl
+from trajkit.sandbox import cap_text
+from trajkit.tools import Tool, ToolContext, ToolError, Toolset
+
+
+@hookimpl
+def trajkit_toolsets() -> list[Toolset]:
+    return [TERMINAL, FILE, CODE]
+
+
+def _string(args: dict[str, Any], key: str, *, required: bool = True, default: str = "") -> str:
+    value = args.get(key, None if required else default)
+    if not isinstance(value, str):
+        raise ToolError(f"argument '{key}' must be a string" if key in args else f"missing argument '{key}'")
+    return value
+
+
+def _timeout(args: dict[str, Any], ctx: ToolContext) -> float:
+    value = args.get("timeout", ctx.timeout)
+    if not isinstance(value, int | float) or value <= 0:
+        raise ToolError("argument 'timeout' must be a positive number of seconds")
+    return min(float(value), ctx.timeout)
+
+
+async def _run(command: str, args: dict[str, Any], ctx: ToolContext) -> str:
+    result = await ctx.sandbox.exec(command, timeout=_timeout(args, ctx), output_cap=ctx.output_cap)
+    output = result.stdout + (f"\n[stderr]\n{result.stderr}" if result.stderr else "")
+    if result.timed_out:
+        raise ToolError(f"command timed out after {_timeout(args, ctx):g}s; partial output:\n{output}")
+    return json.dumps({"exit_code": result.exit_code, "output": output}, ensure_ascii=False)
+
+
+async def terminal(args: dict[str, Any], ctx: ToolContext) -> str:
+    return await _run(_string(args, "command"), args, ctx)
+
+
+async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
+    path = _string(args, "path")
+    try:
+        data = await ctx.sandbox.read_file(path)
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        raise ToolError(f"cannot read {path}: {type(exc).__name__}") from exc
+    return cap_text(data.decode("utf-8", "replace"), ctx.output_cap)
+
+
+async def write_file(args: dict[str, Any], ctx: ToolContext) -> str:
+    path, content = _string(args, "path"), _string(args, "content")
+    try:
+        await ctx.sandbox.write_file(path, content.encode())
+    except (IsADirectoryError, PermissionError, NotADirectoryError) as exc:
+        raise ToolError(f"cannot write {path}: {type(exc).__name__}") from exc
+    return json.dumps({"path": path, "bytes_written": len(content.encode())})
+
+
+async def patch(args: dict[str, Any], ctx: ToolContext) -> str:
+    path, old, new = _string(args, "path"), _string(args, "old_string"), _string(args, "new_string")
+    replace_all = bool(args.get("replace_all", False))
+    try:
+        text = (await ctx.sandbox.read_file(path)).decode("utf-8")
+    except (FileNotFoundError, IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ToolError(f"cannot patch {path}: {type(exc).__name__}") from exc
+    found = text.count(old) if old else 0
+    if found == 0:
+        raise ToolError(f"old_string not found in {path}")
+    if found > 1 and not replace_all:
+        raise ToolError(f"old_string occurs {found} times in {path}; make it unique or set replace_all")
+    await ctx.sandbox.write_file(path, text.replace(old, new).encode())
+    return json.dumps({"path": path, "replacements": found if replace_all else 1})
+
+
+async def search_files(args: dict[str, Any], ctx: ToolContext) -> str:
+    pattern = _string(args, "pattern")
+    path = _string(args, "path", required=False, default=".")
+    command = f"grep -rnI -e {shlex.quote(pattern)} -- {shlex.quote(path)} | head -n 200"
+    return await _run(command, args, ctx)
+
+
+async def execute_code(args: dict[str, Any], ctx: ToolContext) -> str:
+    code = _string(args, "code")
+    script = f".trajkit-snippet-{uuid.uuid4().hex[:12]}.py"
+    await ctx.sandbox.write_file(script, code.encode())
+    try:
+        return await _run(f"python3 {script}", args, ctx)
+    finally:
+        await ctx.sandbox.exec(f"rm -f {script}", timeout=30)
+
+
+def _schema(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required}
+
+
+_STR = {"type": "string"}
+_TIMEOUT = {"type": "number", "description": "seconds before the command is killed"}
+
+TERMINAL = Toolset(
+    "terminal",
+    "run shell commands",
+    (
+        Tool(
+            "terminal",
+            "Run a shell command in the working directory and return its exit code and output.",
+            _schema(["command"], command=_STR, timeout=_TIMEOUT),
+            terminal,
+        ),
+    ),
+)
+
+FILE = Toolset(
+    "file",
+    "read, write, patch and search files",
+    (
+        Tool("read_file", "Read a text file.", _schema(["path"], path=_STR), read_file),
+        Tool(
+            "write_file",
+            "Write a text file, creating parent directories; replaces existing content.",
+            _schema(["path", "content"], path=_STR, content=_STR),
+            write_file,
+        ),
+        Tool(
+            "patch",
+            "Replace old_string by new_string in a file (old_string must be unique unless replace_all).",
+            _schema(
+                ["path", "old_string", "new_string"],
+                path=_STR,
+                old_string=_STR,
+                new_string=_STR,
+                replace_all={"type": "boolean"},
+            ),
+            patch,
+        ),
+        Tool(
+            "search_files",
+            "Search file contents for a regular expression; returns matching lines with file:line.",
+            _schema(["pattern"], pattern=_STR, path=_STR),
+            search_files,
+        ),
+    ),
+)
+
+CODE = Toolset(
+    "code",
+    "run Python snippets",
+    (
+        Tool(
+            "execute_code",
+            "Run a Python 3 program and return its exit code and output.",
+            _schema(["code"], code=_STR, timeout=_TIMEOUT),
+            execute_code,
+        ),
+    ),
+)

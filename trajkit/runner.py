@@ -1,0 +1,580 @@
+"""Driving a run: plan the work, hold many sessions in flight on one event loop, keep the ledger.
+
+The ledger has one writer, here in the driving process; a session only produces a record and
+assumes nothing about the ledger's process or disk, so sessions can later run elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from trajkit import __version__
+from trajkit.agent import Session, run_conversation
+from trajkit.config import OUTPUT_AFFECTING, RunConfig
+from trajkit.dataset import RowError, WorkItem, read_dataset
+from trajkit.distributions import Distribution, rng_for
+from trajkit.filters import TrajectoryFilter
+from trajkit.finalize import REJECTED_FILE, failure_summary, finalize, rejection
+from trajkit.hookspecs import RunInfo
+from trajkit.ledger import FAILURES_FILE, AppendLog, LedgerWriter, assign, batch_files, read_jsonl, scan
+from trajkit.ledger import write_json_atomic as save_json
+from trajkit.manager import PluginError, PluginHost
+from trajkit.model import ModelClient, ModelError
+from trajkit.progress import Counters, Reporter
+from trajkit.records import SandboxRecord, TrajectoryRecord, UsageRecord, conversation_turns, tool_columns
+from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxError, SandboxSpec
+from trajkit.writers import OutputWriter
+
+log = logging.getLogger("trajkit")
+
+MANIFEST_FILE = "run.json"
+CHECKPOINT_FILE = "checkpoint.json"
+STATISTICS_FILE = "statistics.json"
+EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class RunError(RuntimeError):
+    """The run cannot start as configured; the message says what to change."""
+
+
+class SessionFailure(Exception):
+    def __init__(self, error_class: str, message: str, *, retryable: bool = True, stops_run: bool = False):
+        super().__init__(message)
+        self.error_class = error_class
+        self.retryable = retryable
+        self.stops_run = stops_run
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int
+    statistics: dict[str, Any]
+    row_errors: list[RowError]
+
+
+def model_client_class(config: RunConfig, host: PluginHost) -> type[ModelClient]:
+    """``--model scripted`` names a client; any other model is a slug for the OpenAI-compatible one."""
+    clients = host.model_clients
+    return clients.get(config.model) or clients["openai"]
+
+
+class Runner:
+    def __init__(self, config: RunConfig, host: PluginHost) -> None:
+        self.config = config
+        self.host = host
+        self.run_dir = config.run_dir
+        self.info = RunInfo(config.run_name, self.run_dir, config)
+        self.counters = Counters()
+        self.distribution = self._distribution()
+        self.run_tools = sorted(
+            t.name for ts in self.distribution.probabilities for t in host.toolsets[ts].tools
+        )
+        self.filters = self._filters()
+        self.writers = self._writers()
+        self.client_class = model_client_class(config, host)
+        self.backends: dict[str, SandboxBackend] = {}
+        self.digests: dict[tuple[str, str], str | None] = {}
+        self.image_failures: dict[tuple[str, str], str] = {}
+        self.stop_reason: str | None = None
+        self.interrupted = False
+        self.run_id = f"{config.run_name}-{os.getpid()}-{int(time.time())}"
+
+    # -- configuration -----------------------------------------------------------------------------
+
+    def _distribution(self) -> Distribution:
+        distributions = self.host.distributions
+        if self.config.distribution not in distributions:
+            raise RunError(
+                f"unknown distribution {self.config.distribution!r}; available: {', '.join(sorted(distributions))}"
+                " (see --list_distributions)"
+            )
+        distribution = distributions[self.config.distribution]
+        missing = sorted(set(distribution.probabilities) - set(self.host.toolsets))
+        if missing:
+            raise RunError(f"distribution {distribution.name!r} names toolsets no plugin provides: {missing}")
+        return distribution
+
+    def _filters(self) -> list[TrajectoryFilter]:
+        registered = self.host.filters
+        unknown = sorted(set(self.config.filters + self.config.disabled_filters) - set(registered))
+        if unknown:
+            raise RunError(f"unknown filter(s) {unknown}; available: {', '.join(sorted(registered))}")
+        chosen = [
+            cls()
+            for name, cls in sorted(registered.items())
+            if (cls.enabled_by_default or name in self.config.filters)
+            and name not in self.config.disabled_filters
+        ]
+        return chosen
+
+    def _writers(self) -> list[OutputWriter]:
+        registered = self.host.writers
+        unknown = sorted(set(self.config.writers) - set(registered))
+        if unknown or not self.config.writers:
+            raise RunError(f"unknown writer(s) {unknown}; available: {', '.join(sorted(registered))}")
+        return [registered[name]() for name in dict.fromkeys(self.config.writers)]
+
+    # -- the run -----------------------------------------------------------------------------------
+
+    async def run(self) -> RunOutcome:
+        if self.config.dataset_file is None or not self.config.dataset_file.is_file():
+            raise RunError(f"dataset file {self.config.dataset_file} does not exist")
+        items, row_errors = read_dataset(self.config.dataset_file)
+        if self.config.max_samples is not None:
+            items = items[: self.config.max_samples]
+        self._prepare_run_dir()
+        routes, route_errors = self._route(items)
+        row_errors += route_errors
+        items = [item for item in items if item.index in routes]
+        for error in row_errors:
+            log.error("%s", error)
+        if not items and row_errors:
+            raise RunError(f"no valid rows in {self.config.dataset_file}")
+
+        paired = assign(items, scan(self.run_dir))
+        pending = [item for item, location in paired if location is None]
+        self.counters.total = len(pending)
+        self.counters.done_before = len(paired) - len(pending)
+        started = datetime.now(UTC)
+        if pending:
+            self._record_invocation_start(started, len(pending))
+            await self._execute(pending, routes)
+            self._record_invocation_end(started)
+        else:
+            log.info("nothing to do: all %d rows of the dataset are done", len(paired))
+        statistics = self._finalize(items)
+        self.host.run_end(self.info, statistics)
+        return RunOutcome(self._exit_code(statistics, row_errors), statistics, row_errors)
+
+    def _exit_code(self, statistics: dict[str, Any], row_errors: list[RowError]) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        if statistics["pending"] or row_errors or self.stop_reason:
+            return EXIT_INCOMPLETE
+        return EXIT_OK
+
+    def _prepare_run_dir(self) -> None:
+        run_dir = self.run_dir
+        has_run = bool(batch_files(run_dir)) or (run_dir / FAILURES_FILE).exists()
+        if has_run and self.config.overwrite:
+            for path in run_dir.iterdir():
+                if path.is_file():
+                    path.unlink()
+        elif has_run and not self.config.resume:
+            raise RunError(
+                f"{run_dir} already holds a run: pass --resume to continue it, or --overwrite to start over"
+            )
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+    def _route(self, items: list[WorkItem]) -> tuple[dict[int, str], list[RowError]]:
+        """Which backend each row runs on; rows naming a backend that cannot be had are errors."""
+        routes: dict[int, str] = {}
+        errors: list[RowError] = []
+        path = self.config.dataset_file
+        assert path is not None
+        for item in items:
+            name = item.row.backend or self._default_backend(item.row.image)
+            try:
+                backend_class = self.host.backend(name)
+            except PluginError as exc:
+                errors.append(RowError(path, item.line, str(exc)))
+                continue
+            if item.row.image and not backend_class.image_based:
+                errors.append(
+                    RowError(path, item.line, f"backend {name!r} cannot run images ({item.row.image!r})")
+                )
+                continue
+            routes[item.index] = name
+        return routes, errors
+
+    def _default_backend(self, image: str | None) -> str:
+        if not image:
+            return self.config.sandbox
+        for name, backend_class in sorted(self.host.backends.items()):
+            if backend_class.image_based and backend_class(None).owns_image(image):
+                return name
+        return self.config.image_backend
+
+    async def _execute(self, pending: list[WorkItem], routes: dict[int, str]) -> None:
+        await self._start_backends({routes[item.index] for item in pending})
+        await self._verify_images(pending, routes)
+        client = self.client_class.from_config(self.config)
+        ledger = LedgerWriter(self.run_dir, self.config.batch_size)
+        failures = AppendLog(self.run_dir / FAILURES_FILE)
+        queue: asyncio.Queue[WorkItem] = asyncio.Queue()
+        for item in pending:
+            queue.put_nowait(item)
+        self.host.run_start(self.info, len(pending))
+        workers = [
+            asyncio.create_task(self._worker(queue, routes, client, ledger, failures))
+            for _ in range(min(self.config.num_workers, len(pending)))
+        ]
+        loop = asyncio.get_running_loop()
+        with Reporter(self.counters, quiet=self.config.quiet) as reporter, self._signals(loop, workers):
+            self.reporter = reporter
+            try:
+                await asyncio.gather(*workers, return_exceptions=True)
+            finally:
+                for worker in workers:
+                    worker.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+                ledger.close()
+                failures.close()
+                await client.aclose()
+                await self._close_backends()
+
+    @contextlib.contextmanager
+    def _signals(self, loop: asyncio.AbstractEventLoop, workers: list[asyncio.Task[None]]) -> Any:
+        def stop(signame: str) -> None:
+            if self.interrupted:
+                log.error("second %s: stopping at once", signame)
+                os._exit(EXIT_INTERRUPTED)
+            self.interrupted = True
+            self.stop_reason = f"interrupted by {signame}"
+            log.warning("%s: closing sandboxes and writing the run directory (again to force)", signame)
+            for worker in workers:
+                worker.cancel()
+
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop, sig.name)
+                installed.append(sig)
+        try:
+            yield
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    async def _start_backends(self, names: Iterable[str]) -> None:
+        for name in sorted(names):
+            backend = self.host.backend(name)(self.config.sandbox_options.get(name, {}))
+            self.backends[name] = backend
+            reaped = await backend.reap()
+            if reaped:
+                log.info("%s: removed %d sandboxes left behind by earlier runs", name, reaped)
+
+    async def _close_backends(self) -> None:
+        for name, backend in self.backends.items():
+            try:
+                await backend.reap(self.run_id)
+                await backend.aclose()
+            except Exception as exc:
+                log.warning("%s: cleanup failed: %s", name, exc)
+
+    async def _verify_images(self, pending: list[WorkItem], routes: dict[int, str]) -> None:
+        """Each distinct image once, in parallel, before any model call is spent."""
+        wanted = sorted({(routes[i.index], i.row.image) for i in pending if i.row.image})
+
+        async def verify(backend_name: str, image: str) -> None:
+            try:
+                self.digests[(backend_name, image)] = await self.backends[backend_name].verify_image(image)
+            except ImageUnavailable as exc:
+                self.image_failures[(backend_name, image)] = str(exc)
+                log.error("image %s unavailable on %s: %s", image, backend_name, exc)
+            except Exception as exc:
+                self.image_failures[(backend_name, image)] = f"{type(exc).__name__}: {exc}"
+                log.error("image %s could not be verified on %s: %s", image, backend_name, exc)
+
+        await asyncio.gather(*(verify(backend, image) for backend, image in wanted if image))
+
+    async def _worker(
+        self,
+        queue: asyncio.Queue[WorkItem],
+        routes: dict[int, str],
+        client: ModelClient,
+        ledger: LedgerWriter,
+        failures: AppendLog,
+    ) -> None:
+        while self.stop_reason is None:
+            try:
+                item = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            await self._process(item, routes[item.index], client, ledger, failures)
+            self.reporter.tick()
+
+    async def _process(
+        self,
+        item: WorkItem,
+        backend_name: str,
+        client: ModelClient,
+        ledger: LedgerWriter,
+        failures: AppendLog,
+    ) -> None:
+        for attempt in range(1, self.config.max_attempts + 1):
+            self.counters.in_flight += 1
+            try:
+                record = await self._attempt(item, attempt, backend_name, client, ledger.next_batch_num())
+            except SessionFailure as failure:
+                self._record_failure(failures, item, attempt, failure)
+                if failure.stops_run:
+                    self.stop_reason = str(failure)
+                    log.error("stopping the run: %s", failure)
+                    return
+                if not failure.retryable or attempt == self.config.max_attempts:
+                    self.counters.failed += 1
+                    return
+                await asyncio.sleep(self.config.retry_backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+                continue
+            finally:
+                self.counters.in_flight -= 1
+            ledger.append(record)
+            self._count_success(record)
+            return
+
+    def _count_success(self, record: dict[str, Any]) -> None:
+        reason = rejection(record, self.filters)
+        self.counters.succeeded += 1
+        self.counters.rejected += reason is not None
+        self.counters.tokens += record["usage"]["total_tokens"]
+        self.counters.cost += record["usage"]["cost"] or 0.0
+        if self.config.verbose:
+            log.info(
+                "finished %s (prompt %d)%s",
+                record["work_id"],
+                record["prompt_index"],
+                f": {reason}" if reason else "",
+            )
+        self.host.trajectory_finished(self.info, record, reason)
+
+    def _record_failure(
+        self, failures: AppendLog, item: WorkItem, attempt: int, failure: SessionFailure
+    ) -> None:
+        failures.append(
+            {
+                "work_id": item.work_id,
+                "prompt_id": item.prompt_id,
+                "prompt_index": item.index,
+                "attempt": attempt,
+                "error_class": failure.error_class,
+                "message": str(failure)[:2000],
+                "time": datetime.now(UTC).isoformat(),
+            }
+        )
+        self.counters.last_error = f"{failure.error_class}: {str(failure)[:160]}"
+        prefix = item.row.prompt[: self.config.log_prefix_chars]
+        log.warning(
+            "prompt %d attempt %d failed (%s): %s | %r",
+            item.index,
+            attempt,
+            failure.error_class,
+            failure,
+            prefix,
+        )
+
+    async def _attempt(
+        self, item: WorkItem, attempt: int, backend_name: str, client: ModelClient, batch_num: int
+    ) -> dict[str, Any]:
+        image = item.row.image
+        if image and (backend_name, image) in self.image_failures:
+            raise SessionFailure(
+                "image_unavailable", self.image_failures[(backend_name, image)], retryable=False
+            )
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.config.prompt_timeout):
+                return await self._session(item, attempt, backend_name, client, batch_num, started)
+        except TimeoutError:
+            raise SessionFailure(
+                "prompt_timeout", f"no result within {self.config.prompt_timeout:g}s"
+            ) from None
+        except ModelError as exc:
+            raise SessionFailure(
+                exc.error_class, str(exc), retryable=exc.retryable, stops_run=exc.stops_run
+            ) from None
+        except ImageUnavailable as exc:
+            raise SessionFailure(exc.error_class, str(exc), retryable=False) from None
+        except SandboxError as exc:
+            raise SessionFailure(exc.error_class, str(exc)) from None
+        except Exception as exc:
+            raise SessionFailure("internal_error", f"{type(exc).__name__}: {exc}") from exc
+
+    async def _session(
+        self,
+        item: WorkItem,
+        attempt: int,
+        backend_name: str,
+        client: ModelClient,
+        batch_num: int,
+        started: float,
+    ) -> dict[str, Any]:
+        config = self.config
+        toolsets = self.distribution.sample(rng_for(config.seed, item.work_id))
+        tools = {tool.name: tool for name in toolsets for tool in self.host.toolsets[name].tools}
+        spec = SandboxSpec(
+            run_id=self.run_id,
+            work_id=item.work_id,
+            image=item.row.image,
+            cwd=item.row.cwd,
+            lifetime=min(config.sandbox_lifetime, config.prompt_timeout + 120),
+        )
+        sandbox = await self.backends[backend_name].create(spec)
+        try:
+            session = Session(
+                client=client,
+                sandbox=sandbox,
+                tools=tools,
+                known_tools=frozenset(self.run_tools),
+                system_prompt=config.system_prompt,
+                ephemeral_system_prompt=config.ephemeral_system_prompt,
+                prefill_messages=config.prefill_messages,
+                max_turns=config.max_turns,
+                tool_timeout=config.tool_timeout,
+                tool_output_cap=config.tool_output_cap,
+            )
+            result = await run_conversation(session, item.row.prompt)
+        finally:
+            await asyncio.shield(sandbox.close())
+        tool_stats, tool_errors = tool_columns(result, self.run_tools)
+        usage = result.usage
+        record = TrajectoryRecord(
+            work_id=item.work_id,
+            prompt_id=item.prompt_id,
+            prompt_index=item.index,
+            conversations=conversation_turns(result.messages),
+            metadata={
+                **item.row.extra_fields,
+                "batch_num": batch_num,
+                "timestamp": datetime.now(UTC).isoformat(),
+                "model": config.model,
+            },
+            completed=result.completed,
+            partial=not result.completed,
+            api_calls=result.api_calls,
+            toolsets_used=sorted(toolsets),
+            tools_offered=sorted(tools),
+            tool_stats=tool_stats,
+            tool_error_counts=tool_errors,
+            invalid_tool_calls=result.invalid_tool_calls,
+            usage=UsageRecord(
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                total_tokens=usage.prompt_tokens + usage.completion_tokens,
+                cost=usage.cost,
+            ),
+            duration_s=round(time.monotonic() - started, 3),
+            attempt=attempt,
+            finish_reason=result.finish_reason,
+            sandbox=SandboxRecord(
+                backend=backend_name,
+                image=item.row.image,
+                digest=self.digests.get((backend_name, item.row.image)) if item.row.image else None,
+            ),
+        )
+        return record.to_json_dict()
+
+    # -- run directory bookkeeping ------------------------------------------------------------------
+
+    def _manifest(self) -> dict[str, Any]:
+        path = self.run_dir / MANIFEST_FILE
+        if path.exists():
+            data: dict[str, Any] = json.loads(path.read_text())
+            return data
+        return {"trajkit_version": __version__, "run_name": self.config.run_name, "invocations": []}
+
+    def _record_invocation_start(self, started: datetime, pending: int) -> None:
+        manifest = self._manifest()
+        current = self.config.manifest()
+        previous = manifest.get("config")
+        changes = {}
+        if previous:
+            changes = {
+                k: [previous.get(k), current.get(k)]
+                for k in OUTPUT_AFFECTING
+                if previous.get(k) != current.get(k)
+            }
+            for key, (old, new) in changes.items():
+                log.warning(
+                    "resuming with %s changed from %r to %r: the dataset will mix both", key, old, new
+                )
+        manifest["config"] = current
+        manifest["plugins"] = dict(sorted(self.host.sources.items()))
+        manifest["invocations"].append(
+            {
+                "started": started.isoformat(),
+                "pending_at_start": pending,
+                "config_changes": changes,
+                "run_id": self.run_id,
+            }
+        )
+        save_json(self.run_dir / MANIFEST_FILE, manifest)
+
+    def _record_invocation_end(self, started: datetime) -> None:
+        manifest = self._manifest()
+        entry = manifest["invocations"][-1]
+        ended = datetime.now(UTC)
+        entry.update(
+            ended=ended.isoformat(),
+            wall_seconds=round((ended - started).total_seconds(), 3),
+            succeeded=self.counters.succeeded,
+            failed=self.counters.failed,
+            stop_reason=self.stop_reason,
+        )
+        save_json(self.run_dir / MANIFEST_FILE, manifest)
+
+    def _finalize(self, items: list[WorkItem]) -> dict[str, Any]:
+        index = scan(self.run_dir)
+        for torn in index.torn:
+            log.warning("ignored an incomplete ledger line in %s (a write cut off by a crash)", torn)
+        paired = assign(items, index)
+        pending = {item.work_id for item, location in paired if location is None}
+        records = finalize(self.run_dir, paired, index, self.filters, self.writers, self.run_tools)
+        manifest = self._manifest()
+        statistics = {
+            "run_name": self.config.run_name,
+            "dataset_rows": len(paired),
+            "done": len(paired) - len(pending),
+            "pending": len(pending),
+            **records,
+            "failures": failure_summary(self.run_dir, pending),
+            "invocations": len(manifest["invocations"]),
+            "wall_seconds": round(sum(i.get("wall_seconds", 0) for i in manifest["invocations"]), 3),
+            "ignored_torn_lines": len(index.torn),
+        }
+        save_json(self.run_dir / STATISTICS_FILE, statistics)
+        save_json(
+            self.run_dir / CHECKPOINT_FILE,
+            {
+                "run_name": self.config.run_name,
+                "dataset_file": str(self.config.dataset_file),
+                "done": statistics["done"],
+                "pending": sorted(pending),
+                "ledger_files": [path.name for _, path in batch_files(self.run_dir)],
+                "outputs": [w.filename for w in self.writers] + [REJECTED_FILE],
+            },
+        )
+        return statistics
+
+
+def run_status(run_dir: Path) -> dict[str, Any]:
+    """Where a run stands, from its files alone (for ``trajkit status``)."""
+    statistics_path = run_dir / STATISTICS_FILE
+    statistics = json.loads(statistics_path.read_text()) if statistics_path.exists() else {}
+    index = scan(run_dir)
+    failing = {
+        e["work_id"] for e in read_jsonl(run_dir / FAILURES_FILE) if e.get("work_id") not in index.records
+    }
+    return {
+        "run_dir": str(run_dir),
+        "finished_records": len(index.records),
+        "dataset_rows": statistics.get("dataset_rows"),
+        "done": statistics.get("done"),
+        "kept": statistics.get("kept"),
+        "rejected": statistics.get("rejected"),
+        "pending": statistics.get("pending"),
+        "failing": len(failing),
+        "torn_lines": len(index.torn),
+    }

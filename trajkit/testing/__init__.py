@@ -1,0 +1,1 @@
+"""Test helpers shipped with trajkit: fake OpenAI-compatible endpoints for tests and load benchmarks."""

@@ -1,0 +1,770 @@
+"""An OpenAI-compatible chat completions server for tests and load benchmarks.
+
+The server is a small asyncio HTTP/1.1 implementation rather than a web framework so that it
+can hold thousands of idle keep-alive connections and slow requests with one thread and
+little CPU, which is what a benchmark of a highly concurrent client needs. Replies come from a
+*policy* callable, so a test decides exactly what the "model" says, and *faults* inject the
+failures (rate limits, 5xx, hangs, dropped connections) that client retry logic must survive.
+
+Use it from synchronous tests (``with OpenAITestServer(policy) as srv: srv.base_url``), from
+async code (``async with server.serving():``) or as a process for load tests::
+
+    python -m trajkit.testing.openai_server --port 8000 --latency 1.0 --tool-calls 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import importlib
+import inspect
+import json
+import random
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from http import HTTPStatus
+from types import TracebackType
+from typing import Any
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover - orjson is optional
+    orjson = None  # type: ignore[assignment]
+
+__all__ = [
+    "Fault",
+    "FaultInjector",
+    "Latency",
+    "OpenAITestServer",
+    "Policy",
+    "RecordedRequest",
+    "echo_policy",
+    "fault_every",
+    "fault_fraction",
+    "main",
+    "tool_script_policy",
+]
+
+Body = dict[str, Any]
+Policy = Callable[[Body], Mapping[str, Any] | Awaitable[Mapping[str, Any]]]
+"""Gets the parsed request body, returns the assistant message (plus optional ``_`` control keys)."""
+Latency = float | Callable[[Body], float]
+"""Seconds to wait before answering, fixed or computed from the request body."""
+
+COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+MODELS_PATHS = frozenset({"/v1/models", "/models"})
+DEFAULT_MODELS = ("trajkit-test",)
+
+_BACKLOG = 4096
+_STREAM_LIMIT = 1 << 20  # longest request head; also the read buffer size before back-pressure
+_MAX_BODY = 256 << 20
+_DROPPED = 0  # RecordedRequest.status of a request whose connection was dropped unanswered
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """A failure to inject instead of the normal answer.
+
+    ``hang`` delays first (to exceed client timeouts). Then: ``close`` or ``status == 0`` drops
+    the connection without an answer; a ``status`` >= 400 answers an OpenAI-style error with
+    ``message`` and ``headers`` (e.g. ``Retry-After``); any other status answers normally, late.
+    """
+
+    status: int = 500
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    message: str = "injected fault"
+    hang: float = 0.0
+    close: bool = False
+
+
+FaultInjector = Callable[[int, Body], Fault | None]
+"""Gets the request number (from 0, arrival order) and body; returns the fault to inject, if any."""
+
+
+@dataclasses.dataclass(slots=True)
+class RecordedRequest:
+    """One completion request as the server saw it; times are ``time.monotonic()`` seconds.
+
+    ``headers`` are the request headers (lower-case names). ``status`` and ``time_answered`` are
+    None while the request is in flight; ``status`` is 0 if the connection was dropped unanswered.
+    """
+
+    number: int
+    time_received: float
+    time_answered: float | None
+    body: Body
+    status: int | None
+    headers: dict[str, str]
+
+
+def fault_every(n: int, fault: Fault) -> FaultInjector:
+    """Inject ``fault`` into every ``n``-th request (numbers n-1, 2n-1, ...), for exact retry counts."""
+    if n < 1:
+        raise ValueError("n must be >= 1")
+
+    def inject(number: int, body: Body) -> Fault | None:
+        return fault if (number + 1) % n == 0 else None
+
+    return inject
+
+
+def fault_fraction(fraction: float, fault: Fault, seed: int = 0) -> FaultInjector:
+    """Inject ``fault`` into about ``fraction`` of requests, chosen by request number so runs repeat."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError("fraction must be between 0 and 1")
+
+    def inject(number: int, body: Body) -> Fault | None:
+        return fault if random.Random(seed * 1_000_003 + number).random() < fraction else None
+
+    return inject
+
+
+def echo_policy(body: Body) -> dict[str, Any]:
+    """Answer every request with the text "ok": the cheapest possible model, for load tests."""
+    return {"content": "ok"}
+
+
+def tool_script_policy(
+    calls: int = 3,
+    tool: str = "terminal",
+    arguments: str | Mapping[str, Any] = '{"command": "true"}',
+    final: str = "done",
+) -> Policy:
+    """Build a policy that asks for ``calls`` tool calls, one per turn, then answers ``final``.
+
+    The turn is found by counting the assistant messages already in the request, so the policy
+    is stateless and any number of conversations can run through one server at once.
+    """
+    encoded = arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+    def policy(body: Body) -> dict[str, Any]:
+        turn = sum(
+            1 for m in body.get("messages") or () if isinstance(m, dict) and m.get("role") == "assistant"
+        )
+        if turn >= calls:
+            return {"content": final}
+        call = {
+            "id": f"call_{turn}_{uuid.uuid4().hex[:12]}",
+            "type": "function",
+            "function": {"name": tool, "arguments": encoded},
+        }
+        return {"content": None, "tool_calls": [call]}
+
+    return policy
+
+
+def _dumps(value: object) -> bytes:
+    """Serialize JSON with orjson when available: response encoding dominates CPU under load."""
+    if orjson is not None:
+        return orjson.dumps(value)
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _loads(data: bytes) -> Any:
+    """Parse JSON; every failure is a ValueError so callers answer 400."""
+    if orjson is not None:
+        return orjson.loads(data)
+    return json.loads(data)
+
+
+class _ProtocolError(Exception):
+    """The bytes on the connection are not a request we can parse: answer 400 and close."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Request:
+    method: str
+    path: str
+    version: str
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def keep_alive(self) -> bool:
+        """HTTP/1.1 keeps the connection unless told otherwise; HTTP/1.0 closes unless asked."""
+        connection = self.headers.get("connection", "").lower()
+        if self.version == "HTTP/1.0":
+            return "keep-alive" in connection
+        return "close" not in connection
+
+
+@dataclasses.dataclass(slots=True)
+class _Response:
+    status: int
+    body: bytes
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def encode(self, keep_alive: bool) -> bytes:
+        try:
+            reason = HTTPStatus(self.status).phrase
+        except ValueError:
+            reason = "Unknown"
+        lines = [
+            f"HTTP/1.1 {self.status} {reason}",
+            "content-type: application/json",
+            f"content-length: {len(self.body)}",
+            f"connection: {'keep-alive' if keep_alive else 'close'}",
+        ]
+        lines.extend(f"{name}: {value}" for name, value in self.headers.items())
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + self.body
+
+
+async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
+    """Read one request; None on a clean end of stream between requests."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial.strip():
+            raise _ProtocolError("truncated request head") from None
+        return None
+    except asyncio.LimitOverrunError:
+        raise _ProtocolError("request head too large") from None
+    request_line, *header_lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
+    parts = request_line.split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        raise _ProtocolError(f"malformed request line {request_line!r}")
+    headers: dict[str, str] = {}
+    for line in header_lines:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise _ProtocolError(f"malformed header line {line!r}")
+        headers[name.strip().lower()] = value.strip()
+    body = await _read_body(reader, headers)
+    return _Request(parts[0].upper(), parts[1].split("?", 1)[0], parts[2], headers, body)
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: Mapping[str, str]) -> bytes:
+    """Read a Content-Length body, or a chunked one since some clients stream uploads."""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return await _read_chunked(reader)
+    try:
+        length = int(headers.get("content-length", "0"))
+    except ValueError:
+        raise _ProtocolError("bad content-length") from None
+    if not 0 <= length <= _MAX_BODY:
+        raise _ProtocolError("bad content-length")
+    return await reader.readexactly(length) if length else b""
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        size_line = await reader.readuntil(b"\r\n")
+        try:
+            size = int(size_line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise _ProtocolError("bad chunk size") from None
+        if size == 0:
+            while await reader.readuntil(b"\r\n") != b"\r\n":  # skip trailers
+                pass
+            return b"".join(chunks)
+        total += size
+        if total > _MAX_BODY:
+            raise _ProtocolError("body too large")
+        chunks.append(await reader.readexactly(size))
+        await reader.readexactly(2)
+
+
+def _error_response(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> _Response:
+    """Build the ``{"error": {...}}`` body the OpenAI SDK turns into typed exceptions."""
+    error = {"message": message, "type": _error_type(status), "param": None, "code": code}
+    return _Response(status, _dumps({"error": error}), dict(headers or {}))
+
+
+def _error_type(status: int) -> str:
+    """The ``type`` the real API uses for a status class."""
+    if status >= 500:
+        return "server_error"
+    return "requests" if status == 429 else "invalid_request_error"
+
+
+def _estimate_usage(request_size: int, message: Mapping[str, Any]) -> dict[str, int]:
+    """Rough token counts (4 bytes a token) so clients that track usage see plausible numbers."""
+    prompt = max(1, request_size // 4)
+    completion = max(1, len(_dumps({k: v for k, v in message.items() if k != "role"})) // 4)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _completion_response(reply: Mapping[str, Any], body: Body, request_size: int) -> _Response:
+    """Wrap a policy's assistant message into a ``chat.completion``, or the error it asks for."""
+    headers = {str(k): str(v) for k, v in (reply.get("_headers") or {}).items()}
+    status = int(reply.get("_status") or 200)
+    error = reply.get("_error")
+    if error is not None or status >= 400:
+        status = status if status >= 400 else 500
+        response = _error_response(status, str(error or f"policy answered {status}"), headers=headers)
+        if isinstance(error, Mapping):  # a full error object: keep the default fields it leaves out
+            default = {"message": "policy error", "type": _error_type(status), "param": None, "code": None}
+            response.body = _dumps({"error": {**default, **error}})
+        return response
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    message.update((k, v) for k, v in reply.items() if not k.startswith("_"))
+    finish_reason = reply.get("_finish_reason") or ("tool_calls" if message.get("tool_calls") else "stop")
+    payload = {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", "unknown"),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "usage": reply.get("_usage") or _estimate_usage(request_size, message),
+    }
+    return _Response(status, _dumps(payload), headers)
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed (cheaper per connection), else the default loop."""
+    try:
+        import uvloop  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+class OpenAITestServer:
+    """An OpenAI-compatible ``/v1/chat/completions`` endpoint whose answers come from ``policy``.
+
+    Counters and records are guarded by a lock because tests read them from another thread
+    while the server's loop runs in the background.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        latency: Latency = 0.0,
+        faults: FaultInjector | None = None,
+        api_key: str | None = None,
+        models: Collection[str] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self._policy = policy
+        self._latency = latency
+        self._faults = faults
+        self._api_key = api_key
+        self._models = frozenset(models) if models is not None else None
+        self._host = host
+        self._requested_port = port
+        self._port: int | None = None
+        self._lock = threading.Lock()
+        self._records: list[RecordedRequest] = []
+        self._next_number = 0
+        self._count = 0
+        self._in_flight = 0
+        self._max_in_flight = 0
+        self._server: asyncio.Server | None = None
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._thread_loop: asyncio.AbstractEventLoop | None = None
+        self._thread_stop: asyncio.Event | None = None
+
+    # -- addresses -------------------------------------------------------------------------
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with ``port=0``); only known while serving."""
+        if self._port is None:
+            raise RuntimeError("server is not running")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        """What to pass as the OpenAI client's ``base_url``."""
+        host = "127.0.0.1" if self._host in ("", "0.0.0.0") else self._host
+        host = "[::1]" if host == "::" else f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}/v1"
+
+    # -- observability ---------------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Snapshot of the completion requests received, in arrival order.
+
+        Only bodies that parse as a JSON object are recorded (and numbered); others get a 400.
+        """
+        with self._lock:
+            return [dataclasses.replace(record) for record in self._records]
+
+    @property
+    def count(self) -> int:
+        """Completion requests finished (answered with any status, or dropped by a fault)."""
+        with self._lock:
+            return self._count
+
+    @property
+    def in_flight(self) -> int:
+        """Completion requests being processed right now."""
+        with self._lock:
+            return self._in_flight
+
+    @property
+    def max_in_flight(self) -> int:
+        """Most completion requests processed at once since start or ``reset()``."""
+        with self._lock:
+            return self._max_in_flight
+
+    def reset(self) -> None:
+        """Forget records and counters between test phases (call while no request is in flight)."""
+        with self._lock:
+            self._records.clear()
+            self._next_number = 0
+            self._count = 0
+            self._max_in_flight = self._in_flight
+
+    def _begin(self, body: Body, headers: dict[str, str]) -> RecordedRequest:
+        with self._lock:
+            record = RecordedRequest(self._next_number, time.monotonic(), None, body, None, headers)
+            self._next_number += 1
+            self._records.append(record)
+            self._in_flight += 1
+            self._max_in_flight = max(self._max_in_flight, self._in_flight)
+            return record
+
+    def _finish(self, record: RecordedRequest, status: int) -> None:
+        """Runs before the response is written, so a client that got its answer sees the counts."""
+        with self._lock:
+            record.time_answered = time.monotonic()
+            record.status = status
+            self._in_flight -= 1
+            self._count += 1
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[OpenAITestServer]:
+        """Serve on the running event loop for the duration of the block."""
+        await self._open()
+        try:
+            yield self
+        finally:
+            await self._close()
+
+    def start(self, timeout: float = 10.0) -> OpenAITestServer:
+        """Serve from a background daemon thread with its own event loop; returns once listening."""
+        if self._thread is not None:
+            raise RuntimeError("server already started")
+        ready = threading.Event()
+        errors: list[BaseException] = []
+        self._thread = threading.Thread(
+            target=self._thread_main, args=(ready, errors), name="openai-test-server", daemon=True
+        )
+        self._thread.start()
+        if not ready.wait(timeout):
+            raise RuntimeError("server did not start in time")
+        if errors:
+            self._thread.join()
+            self._thread = None
+            raise errors[0]
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the background thread, dropping every open connection."""
+        thread, loop, stop = self._thread, self._thread_loop, self._thread_stop
+        if thread is None:
+            return
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout)
+        if thread.is_alive():
+            raise RuntimeError("server thread did not stop in time")
+        self._thread = self._thread_loop = self._thread_stop = None
+
+    def __enter__(self) -> OpenAITestServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _thread_main(self, ready: threading.Event, errors: list[BaseException]) -> None:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(self._serve_until_stopped(ready, errors))
+
+    async def _serve_until_stopped(self, ready: threading.Event, errors: list[BaseException]) -> None:
+        try:
+            await self._open()
+        except BaseException as exc:
+            errors.append(exc)
+            ready.set()
+            return
+        self._thread_loop = asyncio.get_running_loop()
+        self._thread_stop = asyncio.Event()
+        ready.set()
+        try:
+            await self._thread_stop.wait()
+        finally:
+            await self._close()
+
+    async def _open(self) -> None:
+        if self._server is not None:
+            raise RuntimeError("server already running")
+        self._closing = False
+        self._server = await asyncio.start_server(
+            self._accept,
+            self._host,
+            self._requested_port,
+            backlog=_BACKLOG,
+            limit=_STREAM_LIMIT,
+            reuse_address=True,
+        )
+        self._port = self._server.sockets[0].getsockname()[1]
+
+    async def _close(self) -> None:
+        """Stop accepting, then drop every connection so idle keep-alive clients cannot stall us."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._closing = True
+        server.close()
+        await asyncio.sleep(0)  # let connections accepted just before close reach _accept
+        connections = list(self._connections.items())
+        for task, writer in connections:
+            writer.transport.abort()
+            task.cancel()
+        await asyncio.gather(*(task for task, _ in connections), return_exceptions=True)
+        await server.wait_closed()
+        self._port = None
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Called synchronously on connect, so shutdown sees every connection, even unstarted ones."""
+        if self._closing:
+            writer.transport.abort()
+            return
+        task = asyncio.get_running_loop().create_task(self._serve_connection(reader, writer))
+        self._connections[task] = writer
+        task.add_done_callback(self._forget_connection)
+
+    def _forget_connection(self, task: asyncio.Task[None]) -> None:
+        self._connections.pop(task, None)
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._connection_loop(reader, writer)
+        except (
+            asyncio.CancelledError,
+            ConnectionError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+        ):
+            # Shutdown or a vanished client. Cancellation is not re-raised: this task is the
+            # whole connection and ends here anyway.
+            writer.transport.abort()
+        finally:
+            writer.close()
+
+    async def _connection_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                request = await _read_request(reader)
+            except _ProtocolError as exc:
+                writer.write(_error_response(400, str(exc)).encode(keep_alive=False))
+                await writer.drain()
+                return
+            if request is None:
+                return
+            response = await self._dispatch(request)
+            if response is None:
+                writer.transport.abort()
+                return
+            writer.write(response.encode(request.keep_alive))
+            await writer.drain()
+            if not request.keep_alive:
+                return
+
+    async def _dispatch(self, request: _Request) -> _Response | None:
+        """Route a request; None means drop the connection without answering."""
+        if request.method == "POST" and request.path in COMPLETION_PATHS:
+            return await self._handle_completion(request)
+        if request.method == "GET" and request.path in MODELS_PATHS:
+            return self._check_auth(request.headers) or self._models_response()
+        return _error_response(404, f"Invalid URL ({request.method} {request.path})")
+
+    def _check_auth(self, headers: Mapping[str, str]) -> _Response | None:
+        if self._api_key is None:
+            return None
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and token.strip() == self._api_key:
+            return None
+        return _error_response(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    def _models_response(self) -> _Response:
+        names = sorted(self._models) if self._models is not None else list(DEFAULT_MODELS)
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "trajkit"} for name in names]
+        return _Response(200, _dumps({"object": "list", "data": data}))
+
+    async def _handle_completion(self, request: _Request) -> _Response | None:
+        try:
+            body = _loads(request.body)
+        except ValueError:
+            return _error_response(400, "We could not parse the JSON body of your request.")
+        if not isinstance(body, dict):
+            return _error_response(400, "The request body must be a JSON object.")
+        record = self._begin(body, request.headers)
+        status = _DROPPED
+        try:
+            response = await self._complete(record.number, body, request)
+            if response is not None:
+                status = response.status
+            return response
+        finally:
+            self._finish(record, status)
+
+    async def _complete(self, number: int, body: Body, request: _Request) -> _Response | None:
+        rejection = self._reject(body, request.headers)
+        if rejection is not None:
+            return rejection
+        fault = self._faults(number, body) if self._faults is not None else None
+        extra_headers: dict[str, str] = {}
+        if fault is not None:
+            if fault.hang > 0:
+                await asyncio.sleep(fault.hang)
+            if fault.close or fault.status == 0:
+                return None
+            if fault.status >= 400:
+                return _error_response(fault.status, fault.message, headers=fault.headers)
+            extra_headers = dict(fault.headers)
+        delay = self._latency(body) if callable(self._latency) else self._latency
+        if delay > 0:
+            await asyncio.sleep(delay)
+        response = await self._run_policy(body, len(request.body))
+        response.headers = {**extra_headers, **response.headers}
+        return response
+
+    def _reject(self, body: Body, headers: Mapping[str, str]) -> _Response | None:
+        """The checks the real API makes before generating: key, model, then what we cannot do."""
+        unauthorized = self._check_auth(headers)
+        if unauthorized is not None:
+            return unauthorized
+        model = body.get("model")
+        if self._models is not None and model not in self._models:
+            return _error_response(404, f"The model `{model}` does not exist", code="model_not_found")
+        if body.get("stream"):
+            return _error_response(400, "Streaming is not supported by this test server.", code="unsupported")
+        return None
+
+    async def _run_policy(self, body: Body, request_size: int) -> _Response:
+        try:
+            outcome = self._policy(body)
+            reply: object = await outcome if inspect.isawaitable(outcome) else outcome
+        except Exception as exc:  # a broken policy is a server error, not a dead connection
+            return _error_response(500, f"policy raised {type(exc).__name__}: {exc}")
+        if not isinstance(reply, Mapping):
+            return _error_response(500, f"policy returned {type(reply).__name__}, expected a dict")
+        return _completion_response(reply, body, request_size)
+
+
+# -- command line ----------------------------------------------------------------------------
+
+
+def _load_policy(spec: str) -> Policy:
+    """Resolve ``module:attribute`` (attribute may be dotted) to a policy callable."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"--policy must look like module:function, got {spec!r}")
+    target: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"{spec} is not callable")
+    policy: Policy = target
+    return policy
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m trajkit.testing.openai_server", description="OpenAI-compatible test and load server."
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (see the READY line)")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds to wait before each answer")
+    parser.add_argument("--policy", help="module:function answering each request (default: echo_policy)")
+    parser.add_argument("--tool-calls", type=int, help="use tool_script_policy with this many tool calls")
+    parser.add_argument("--tool", default="terminal", help="tool name for --tool-calls")
+    parser.add_argument("--arguments", default='{"command": "true"}', help="JSON arguments for --tool-calls")
+    parser.add_argument("--api-key", help="require this bearer token")
+    parser.add_argument("--model", action="append", dest="models", help="accepted model name (repeatable)")
+    parser.add_argument("--fault-fraction", type=float, default=0.0, help="fraction of requests to fail")
+    parser.add_argument("--fault-status", type=int, default=500, help="status of injected faults")
+    args = parser.parse_args(argv)
+    if args.policy and args.tool_calls is not None:
+        parser.error("--policy and --tool-calls are mutually exclusive")
+    return args
+
+
+def _server_from_args(args: argparse.Namespace) -> OpenAITestServer:
+    if args.tool_calls is not None:
+        policy = tool_script_policy(args.tool_calls, args.tool, args.arguments)
+    elif args.policy:
+        policy = _load_policy(args.policy)
+    else:
+        policy = echo_policy
+    faults = (
+        fault_fraction(args.fault_fraction, Fault(args.fault_status)) if args.fault_fraction > 0 else None
+    )
+    return OpenAITestServer(
+        policy,
+        latency=args.latency,
+        faults=faults,
+        api_key=args.api_key,
+        models=args.models,
+        host=args.host,
+        port=args.port,
+    )
+
+
+def _raise_fd_limit() -> None:
+    """Each client connection is a file descriptor; the default soft limit (often 1024) is too low."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+async def _serve_until_signal(server: OpenAITestServer) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with server.serving():
+        print(f"READY {server.base_url}", flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the server until SIGTERM or SIGINT; prints ``READY <base_url>`` once listening."""
+    args = _parse_args(argv)
+    server = _server_from_args(args)
+    _raise_fd_limit()
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_serve_until_signal(server))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
