@@ -1,0 +1,3 @@
+from trajkit.cli import main
+
+main()
