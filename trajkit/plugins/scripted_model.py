@@ -36,11 +36,12 @@ class ScriptedModel(ModelClient):
         return parse_assistant_message(reply, usage, finish)
 
 
-def _task(messages: list[Message]) -> str:
-    for message in reversed(messages):
-        if message.get("role") == "user" and isinstance(message.get("content"), str):
-            return str(message["content"])
-    return ""
+def split_task(messages: list[Message]) -> tuple[str, list[Message]]:
+    """The prompt (the last user message) and the conversation since it (prefill comes before)."""
+    for position in range(len(messages) - 1, -1, -1):
+        if messages[position].get("role") == "user":
+            return str(messages[position].get("content") or ""), messages[position + 1 :]
+    return "", messages
 
 
 def _plan(task: str, tools: set[str]) -> list[tuple[str, str, dict[str, Any]]]:
@@ -79,8 +80,9 @@ def _plan(task: str, tools: set[str]) -> list[tuple[str, str, dict[str, Any]]]:
 
 def scripted_reply(messages: list[Message], tool_names: list[str]) -> dict[str, Any]:
     """The next assistant message, in OpenAI wire format, given the conversation so far."""
-    done = sum(1 for m in messages if m.get("role") == "assistant")
-    steps = _plan(_task(messages), set(tool_names))
+    task, since = split_task(messages)
+    done = sum(1 for m in since if m.get("role") == "assistant")
+    steps = _plan(task, set(tool_names))
     if done < len(steps):
         reasoning, tool, arguments = steps[done]
         call = {
@@ -89,10 +91,10 @@ def scripted_reply(messages: list[Message], tool_names: list[str]) -> dict[str, 
             "function": {"name": tool, "arguments": json.dumps(arguments)},
         }
         return {"role": "assistant", "content": "", "reasoning": reasoning, "tool_calls": [call]}
-    results = [str(m.get("content") or "") for m in messages if m.get("role") == "tool"]
+    results = [m for m in since if m.get("role") == "tool"]
     summary = f"I completed the task using {len(results)} tool calls." if results else "I answered directly."
     return {
         "role": "assistant",
-        "content": f"{summary} The notes file records: {_task(messages)[:80]}",
+        "content": f"{summary} The notes file records: {task[:80]}",
         "reasoning": "Every step succeeded, so I can give the final answer.",
     }

@@ -1,0 +1,35 @@
+"""Helpers for tests that drive the real ``trajkit`` CLI in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any] | str]) -> Path:
+    with path.open("w") as handle:
+        for row in rows:
+            handle.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def trajkit(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m trajkit ARGS`` and return the finished process (never raises on exit code)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "trajkit", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
