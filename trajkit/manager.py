@@ -162,7 +162,7 @@ class PluginHost:
         and a duplicate can name both plugins.
         """
         collected = []
-        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
             for item in self._call_one(hook_name, impl.plugin):
                 collected.append((impl.plugin_name, item))
         return collected

@@ -1,0 +1,394 @@
+"""The docker sandbox backend (package ``trajkit_docker``) against a real engine.
+
+Needs a Docker-compatible engine and the local test images: ``bash scripts/engines/docker.sh start``
+then ``bash scripts/engines/docker.sh images``. Without them these tests skip, unless
+``TRAJKIT_REQUIRE_ENGINES`` names docker, as CI sets it, in which case they fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from importlib import metadata
+from typing import Any
+
+import pytest
+
+from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxSpec
+from trajkit.testing.engines import need_engine
+from trajkit.testing.sandbox_conformance import SandboxConformance, survivors
+
+BUSYBOX = "trajkit-test/busybox:latest"
+PYTHON = "trajkit-test/python:latest"
+MISSING = "trajkit-test/does-not-exist:nope"
+SETUP_HINT = "run: bash scripts/engines/docker.sh start && bash scripts/engines/docker.sh images"
+
+
+def _unavailable(image: str) -> str | None:
+    """Why the docker tests cannot run with ``image``, or None when they can."""
+    try:
+        import docker
+        import docker.errors
+
+        import trajkit_docker  # noqa: F401
+    except ImportError as exc:
+        return f"cannot import {exc.name} (pip install -e trajkit_docker)"
+    try:
+        client = docker.from_env(timeout=20)
+    except docker.errors.DockerException as exc:
+        return f"no engine: {exc}; {SETUP_HINT}"
+    try:
+        client.ping()
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        return f"image {image} is missing; {SETUP_HINT}"
+    except Exception as exc:
+        return f"engine does not answer: {exc}; {SETUP_HINT}"
+    finally:
+        client.close()
+    return None
+
+
+UNAVAILABLE = _unavailable(BUSYBOX)
+
+
+@pytest.fixture
+def docker_engine() -> None:
+    need_engine("docker", UNAVAILABLE)
+
+
+@pytest.fixture
+def client(docker_engine: None) -> Iterator[Any]:
+    """A plain SDK client, to look at containers from outside the backend."""
+    import docker
+
+    sdk = docker.from_env()
+    yield sdk
+    sdk.close()
+
+
+def make_backend(**options: str) -> Any:
+    from trajkit_docker import DockerBackend
+
+    return DockerBackend(options)
+
+
+def run_labelled(run_id: str) -> list[str]:
+    import docker
+
+    sdk = docker.from_env()
+    try:
+        found = sdk.api.containers(all=True, filters={"label": f"trajkit.run={run_id}"})
+        return [str(item["Id"]) for item in found]
+    finally:
+        sdk.close()
+
+
+class DockerHarness:
+    image: str | None = BUSYBOX
+
+    def make_backend(self) -> SandboxBackend:
+        backend: SandboxBackend = make_backend()
+        return backend
+
+    async def leftovers(self, backend: SandboxBackend, run_id: str) -> list[str]:
+        return await asyncio.to_thread(run_labelled, run_id)
+
+
+@pytest.mark.engine("docker")
+class TestDockerConformance(SandboxConformance):
+    @pytest.fixture
+    def harness(self, docker_engine: None) -> DockerHarness:
+        return DockerHarness()
+
+
+def spec(image: str = BUSYBOX, **fields: Any) -> SandboxSpec:
+    return SandboxSpec(run_id=f"test-{uuid.uuid4().hex[:8]}", work_id="w0", image=image, **fields)
+
+
+def container_state(client: Any, container_id: str) -> str | None:
+    """The container's state, or None once the engine no longer has it."""
+    import docker.errors
+
+    try:
+        return str(client.api.inspect_container(container_id)["State"]["Status"])
+    except docker.errors.NotFound:
+        return None
+
+
+@pytest.mark.engine("docker")
+def test_missing_image_fails_fast_without_pulling(docker_engine: None) -> None:
+    async def body() -> None:
+        backend = make_backend(pull="never")
+        with pytest.raises(ImageUnavailable, match="not found locally"):
+            await backend.verify_image(MISSING)
+        await backend.aclose()
+
+    started = time.monotonic()
+    asyncio.run(body())
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.engine("docker")
+def test_missing_image_fails_in_bounded_time_when_pulling(docker_engine: None) -> None:
+    async def body() -> None:
+        backend = make_backend()
+        with pytest.raises(ImageUnavailable, match=f"'{MISSING}' not found locally and pull failed"):
+            await backend.verify_image(MISSING)
+        await backend.aclose()
+
+    started = time.monotonic()
+    asyncio.run(body())
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.engine("docker")
+def test_verify_image_returns_a_digest_and_info_reports_it(docker_engine: None) -> None:
+    async def body() -> None:
+        backend = make_backend(pull="never")
+        digest = await backend.verify_image(BUSYBOX)
+        assert digest and digest.startswith("sha256:")
+        sandbox = await backend.create(spec())
+        try:
+            info = sandbox.info
+            assert (info.backend, info.image, info.digest) == ("docker", BUSYBOX, digest)
+        finally:
+            await sandbox.close()
+            await backend.aclose()
+
+    asyncio.run(body())
+
+
+CRASHING_RUNNER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from trajkit.sandbox import SandboxSpec
+    from trajkit_docker import DockerBackend
+
+    async def main():
+        backend = DockerBackend()
+        spec = SandboxSpec(run_id=sys.argv[1], work_id="w0", image=sys.argv[2], lifetime=600)
+        sandbox = await backend.create(spec)
+        print(sandbox.container_id, flush=True)
+        await asyncio.sleep(600)
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.engine("docker")
+def test_reap_removes_containers_of_a_killed_runner_only(client: Any) -> None:
+    run_id = f"test-reap-{uuid.uuid4().hex[:8]}"
+    runner = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_RUNNER, run_id, BUSYBOX], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert runner.stdout is not None
+        orphan = runner.stdout.readline().strip()
+    finally:
+        runner.kill()
+        runner.wait(timeout=30)
+    assert orphan, "the runner did not create its sandbox"
+    assert container_state(client, orphan) == "running"
+
+    async def body() -> None:
+        backend = make_backend()
+        live = await backend.create(spec())
+        try:
+            assert await backend.reap() >= 1
+            assert container_state(client, orphan) is None
+            assert container_state(client, live.container_id) == "running"
+        finally:
+            await live.close()
+            await backend.aclose()
+
+    asyncio.run(body())
+
+
+@pytest.mark.engine("docker")
+def test_reap_of_a_run_removes_all_its_containers(client: Any) -> None:
+    async def body() -> None:
+        backend = make_backend()
+        sandbox = await backend.create(spec())
+        run_id = sandbox_run_id(client, sandbox.container_id)
+        assert await backend.reap(run_id) >= 1
+        assert run_labelled(run_id) == []
+        await sandbox.close()
+        await backend.aclose()
+
+    asyncio.run(body())
+
+
+def sandbox_run_id(client: Any, container_id: str) -> str:
+    return str(client.api.inspect_container(container_id)["Config"]["Labels"]["trajkit.run"])
+
+
+@pytest.mark.engine("docker")
+def test_python_image_runs_python(docker_engine: None) -> None:
+    need_engine("docker", _unavailable(PYTHON))
+
+    async def body() -> None:
+        backend = make_backend()
+        sandbox = await backend.create(spec(PYTHON))
+        try:
+            result = await sandbox.exec("python3 -c 'print(1+1)'", timeout=60)
+            assert (result.exit_code, result.stdout) == (0, "2\n")
+            timed = await sandbox.exec("python3 -c 'import time; time.sleep(100)' & wait", timeout=1)
+            assert timed.timed_out
+        finally:
+            await sandbox.close()
+            await backend.aclose()
+
+    asyncio.run(body())
+
+
+@pytest.mark.engine("docker")
+def test_container_removes_itself_when_its_lifetime_ends(client: Any) -> None:
+    async def body() -> str:
+        backend = make_backend()
+        sandbox = await backend.create(spec(lifetime=3))
+        await backend.aclose()
+        return sandbox.container_id
+
+    container_id = asyncio.run(body())
+    give_up = time.monotonic() + 20
+    while container_state(client, container_id) not in (None, "exited") and time.monotonic() < give_up:
+        time.sleep(0.5)
+    assert container_state(client, container_id) in (None, "exited")
+
+
+@pytest.mark.engine("docker")
+def test_network_is_loopback_only_by_default(docker_engine: None) -> None:
+    async def body() -> None:
+        backend = make_backend()
+        sandbox = await backend.create(spec())
+        try:
+            result = await sandbox.exec("cat /proc/net/dev", timeout=30)
+            interfaces = [line.split(":")[0].strip() for line in result.stdout.splitlines() if ":" in line]
+            assert interfaces == ["lo"]
+        finally:
+            await sandbox.close()
+            await backend.aclose()
+
+    asyncio.run(body())
+
+
+@pytest.mark.engine("docker")
+def test_limits_and_labels_reach_the_engine(client: Any) -> None:
+    async def body() -> None:
+        backend = make_backend(memory="256m", cpus="0.5", pids_limit="64")
+        sandbox = await backend.create(spec(env={"FROM_SPEC": "yes"}))
+        try:
+            attrs = client.api.inspect_container(sandbox.container_id)
+            host = attrs["HostConfig"]
+            assert (host["Memory"], host["NanoCpus"], host["PidsLimit"]) == (256 * 1024**2, 500_000_000, 64)
+            labels = attrs["Config"]["Labels"]
+            assert labels["trajkit"] == "1" and labels["trajkit.work"] == "w0"
+            assert labels["trajkit.owner"].endswith(f":{os.getpid()}")
+            assert int(labels["trajkit.deadline"]) > time.time()
+            result = await sandbox.exec('echo "$FROM_SPEC $PER_EXEC"', timeout=30, env={"PER_EXEC": "too"})
+            assert result.stdout == "yes too\n"
+        finally:
+            await sandbox.close()
+            await backend.aclose()
+
+    asyncio.run(body())
+
+
+@pytest.mark.engine("docker")
+def test_cancelled_exec_kills_its_process_group(docker_engine: None) -> None:
+    marker = str(uuid.uuid4().int % 90_000 + 10_000)
+
+    async def body() -> None:
+        backend = make_backend()
+        sandbox = await backend.create(spec())
+        try:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(sandbox.exec(f"sleep {marker}5 & wait", timeout=60), 1)
+            give_up = time.monotonic() + 10
+            while await survivors(sandbox, marker) and time.monotonic() < give_up:
+                await asyncio.sleep(0.2)
+            assert await survivors(sandbox, marker) == []
+        finally:
+            await sandbox.close()
+            await backend.aclose()
+
+    asyncio.run(body())
+
+
+@pytest.mark.engine("docker")
+def test_files_in_odd_places(docker_engine: None) -> None:
+    async def body() -> None:
+        backend = make_backend()
+        sandbox = await backend.create(spec(cwd="rel/dir"))
+        try:
+            assert sandbox.cwd == "/rel/dir"
+            await sandbox.write_file("/tmp/deep/new/file.txt", b"x")
+            mode = await sandbox.exec("stat -c %a /tmp; ls -l /tmp/deep/new/file.txt", timeout=30)
+            assert mode.stdout.startswith("1777\n"), "writing below /tmp changed its mode"
+            await sandbox.exec("ln -s /tmp/deep/new/file.txt link", timeout=30)
+            assert await sandbox.read_file("link") == b"x"
+            await sandbox.write_file("empty", b"")
+            assert await sandbox.read_file("empty") == b""
+            with pytest.raises(NotADirectoryError):
+                await sandbox.write_file("empty/child", b"y")
+            with pytest.raises(IsADirectoryError):
+                await sandbox.write_file("/tmp/deep", b"y")
+        finally:
+            await sandbox.close()
+            await backend.aclose()
+
+    asyncio.run(body())
+
+
+def test_options_are_checked() -> None:
+    options = pytest.importorskip("trajkit_docker.options")
+    parsed = options.DockerOptions.parse(
+        {"memory": "1.5g", "cpus": "2", "pids_limit": "100", "pull": "NEVER"}
+    )
+    assert (parsed.memory, parsed.cpus, parsed.pids_limit) == (int(1.5 * 1024**3), 2.0, 100)
+    assert (parsed.pull, parsed.network) == ("never", "none")
+    bad_options = [{"network": "macvlan"}, {"memory": "lots"}, {"pids_limit": "-1"}, {"pull": "sometimes"}]
+    for bad in [*bad_options, {"unknown": "1"}]:
+        with pytest.raises(ValueError):
+            options.DockerOptions.parse(bad)
+
+
+def test_abandoned_containers_are_recognised() -> None:
+    backend = pytest.importorskip("trajkit_docker.backend")
+    engine = pytest.importorskip("trajkit_docker.engine")
+    import socket
+
+    def summary(**labels: str) -> Any:
+        return engine.ContainerSummary(id="c", labels=labels, state="running")
+
+    host, now = socket.gethostname(), time.time()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    later, earlier = str(int(now) + 100), str(int(now) - 1)
+
+    def abandoned(owner: str, deadline: str) -> bool:
+        return bool(backend.abandoned(summary(**{"trajkit.owner": owner, "trajkit.deadline": deadline}), now))
+
+    assert abandoned(f"{host}:{os.getpid()}", earlier)
+    assert abandoned(f"{host}:{dead.pid}", later)
+    assert not abandoned(f"{host}:{os.getpid()}", later)
+    assert not abandoned(f"elsewhere:{dead.pid}", later)
+
+
+def test_plugin_is_registered_as_an_entry_point() -> None:
+    try:
+        metadata.distribution("trajkit-docker")
+    except metadata.PackageNotFoundError:
+        pytest.skip("trajkit-docker is not installed")
+    entry = {ep.name: ep for ep in metadata.entry_points(group="trajkit")}.get("docker")
+    assert entry is not None and entry.value == "trajkit_docker.plugin"
+    plugin = entry.load()
+    assert [backend.name for backend in plugin.trajkit_sandbox_backends()] == ["docker"]

@@ -1,0 +1,160 @@
+"""Plugin discovery and the plugin manager's guarantees."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import read_jsonl, trajkit, write_jsonl
+from trajkit import hookimpl, hookspecs
+from trajkit.filters import Record, TrajectoryFilter
+from trajkit.manager import DEFAULT_PLUGINS, PluginError, load_plugins
+
+
+def install_fake_distribution(site: Path, dist: str, module: str, source: str, entry_name: str) -> None:
+    """A real installed distribution as importlib.metadata sees one: a module plus its .dist-info."""
+    (site / f"{module}.py").write_text(textwrap.dedent(source))
+    info = site / f"{dist.replace('-', '_')}-0.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.3\n")
+    (info / "entry_points.txt").write_text(f"[trajkit]\n{entry_name} = {module}\n")
+
+
+def plugin_with(**hooks: Any) -> object:
+    """A plugin object whose methods are the given functions, marked as hook implementations."""
+    return type("Plugin", (), {name: staticmethod(hookimpl(fn)) for name, fn in hooks.items()})()
+
+
+BANANA_PLUGIN = """
+    from trajkit import hookimpl
+    from trajkit.filters import TrajectoryFilter
+
+    class NoBananas(TrajectoryFilter):
+        name = "no_bananas"
+        description = "rejects prompts about bananas"
+
+        def check(self, record):
+            human = record["conversations"][1]["value"]
+            return "mentions bananas" if "banana" in human else None
+
+    @hookimpl
+    def trajkit_filters():
+        return [NoBananas]
+
+    @hookimpl
+    def trajkit_commands(cli):
+        @cli.command()
+        def bananas():
+            print("bananas are filtered")
+"""
+
+
+def test_an_installed_plugin_package_filters_a_real_run(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    install_fake_distribution(site, "trajkit-bananas", "trajkit_bananas", BANANA_PLUGIN, "bananas")
+    install_fake_distribution(site, "trajkit-broken", "trajkit_broken", "raise ImportError('no such thing')", "broken")
+    env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "peel a banana"}, {"prompt": "peel an orange"}])
+
+    listing = trajkit("plugins", env=env)
+    assert listing.returncode == 0, listing.stderr
+    assert "bananas  [trajkit-bananas 0.3]" in listing.stdout
+    assert "filters: no_bananas" in listing.stdout
+    assert "BROKEN plugin 'broken' from trajkit-broken 0.3 failed to load: ImportError: no such thing" in listing.stdout
+
+    result = trajkit("run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(tmp_path), env=env)
+    assert result.returncode == 0, result.stderr
+    assert "trajkit-broken" in result.stderr
+    rejected = read_jsonl(tmp_path / "r" / "rejected.jsonl")
+    assert [(r["prompt_index"], r["reason"]) for r in rejected] == [(0, "no_bananas: mentions bananas")]
+    assert [r["prompt_index"] for r in read_jsonl(tmp_path / "r" / "trajectories.jsonl")] == [1]
+
+    command = trajkit("bananas", env=env)
+    assert command.returncode == 0 and command.stdout == "bananas are filtered\n"
+
+    blocked = trajkit("plugins", env={**env, "TRAJKIT_DISABLE_PLUGINS": "bananas"})
+    assert "trajkit-bananas" not in blocked.stdout
+
+
+def test_builtins_register_through_the_same_hooks() -> None:
+    host = load_plugins(entry_points=False)
+    assert set(host.sources) == set(DEFAULT_PLUGINS)
+    assert {"scripted", "openai"} <= set(host.model_clients)
+    assert "local" in host.backends
+    assert {"terminal", "file", "code"} <= set(host.toolsets)
+    assert {"no_reasoning", "hallucinated_tool"} <= set(host.filters)
+    assert "sharegpt" in host.writers
+    assert "default" in host.distributions
+
+
+def test_a_misspelled_hook_is_an_error() -> None:
+    plugin = plugin_with(trajkit_filter=lambda: [])
+    with pytest.raises(PluginError, match="unknown hook 'trajkit_filter'"):
+        load_plugins(entry_points=False, extra=[("typo", plugin)])
+
+
+def test_duplicate_registrations_name_both_plugins() -> None:
+    class Shadow(TrajectoryFilter):
+        name = "no_reasoning"
+
+        def check(self, record: Record) -> str | None:
+            return None
+
+    plugin = plugin_with(trajkit_filters=lambda: [Shadow])
+    host = load_plugins(entry_points=False, extra=[("shadow", plugin)])
+    with pytest.raises(PluginError, match=r"filter 'no_reasoning' is registered twice: by trajkit\.plugins\.filters"):
+        _ = host.filters
+
+
+def test_duplicate_plugin_names_are_an_error() -> None:
+    plugin = plugin_with(trajkit_filters=lambda: [])
+    with pytest.raises(PluginError, match="used twice"):
+        load_plugins(entry_points=False, extra=[("trajkit.plugins.filters", plugin)])
+
+
+def test_unknown_backend_names_the_package() -> None:
+    host = load_plugins(entry_points=False)
+    with pytest.raises(PluginError, match="pip install trajkit-docker"):
+        host.backend("docker")
+
+
+def test_lifecycle_hooks_fire_in_order(tmp_path: Path) -> None:
+    import asyncio
+
+    from trajkit.config import RunConfig
+    from trajkit.runner import Runner
+
+    events: list[str] = []
+
+    class Observer:
+        @hookimpl
+        def trajkit_run_start(self, run: hookspecs.RunInfo, pending: int) -> None:
+            events.append(f"start {run.run_name} {pending}")
+
+        @hookimpl
+        def trajkit_trajectory_finished(self, run: hookspecs.RunInfo, record: Record, rejection: str | None) -> None:
+            events.append(f"finished {record['prompt_index']} {rejection}")
+
+        @hookimpl
+        def trajkit_run_end(self, run: hookspecs.RunInfo, statistics: dict[str, object]) -> None:
+            events.append(f"end {statistics['kept']}")
+
+    host = load_plugins(entry_points=False, extra=[("observer", Observer())])
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "one"}, {"prompt": "two"}])
+    config = RunConfig(dataset_file=dataset, run_name="hooks", output_dir=tmp_path, quiet=True, num_workers=1)
+    asyncio.run(Runner(config, host).run())
+    assert events == ["start hooks 2", "finished 0 None", "finished 1 None", "end 2"]
+
+
+def test_every_hook_spec_is_documented_and_exercised() -> None:
+    specs = [name for name in dir(hookspecs) if name.startswith("trajkit_")]
+    assert len(specs) == 10
+    sources = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
+    for name in specs:
+        assert (getattr(hookspecs, name).__doc__ or "").strip(), f"{name} has no docstring"
+        assert name in sources or name.removeprefix("trajkit_") in sources, f"no test mentions {name}"
