@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +34,12 @@ def trajkit(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+def install_fake_distribution(site: Path, dist: str, module: str, source: str, entry_name: str) -> None:
+    """A real installed distribution as importlib.metadata sees one: a module plus its .dist-info."""
+    (site / f"{module}.py").write_text(textwrap.dedent(source))
+    info = site / f"{dist.replace('-', '_')}-0.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.3\n")
+    (info / "entry_points.txt").write_text(f"[trajkit]\n{entry_name} = {module}\n")

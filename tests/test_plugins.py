@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import os
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import read_jsonl, trajkit, write_jsonl
+from tests.helpers import install_fake_distribution, read_jsonl, trajkit, write_jsonl
 from trajkit import hookimpl, hookspecs
 from trajkit.filters import Record, TrajectoryFilter
 from trajkit.manager import DEFAULT_PLUGINS, PluginError, load_plugins
-
-
-def install_fake_distribution(site: Path, dist: str, module: str, source: str, entry_name: str) -> None:
-    """A real installed distribution as importlib.metadata sees one: a module plus its .dist-info."""
-    (site / f"{module}.py").write_text(textwrap.dedent(source))
-    info = site / f"{dist.replace('-', '_')}-0.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.3\n")
-    (info / "entry_points.txt").write_text(f"[trajkit]\n{entry_name} = {module}\n")
 
 
 def plugin_with(**hooks: Any) -> object:

@@ -71,7 +71,9 @@ class TrajkitGroup(click.Group):
 @click.version_option(__version__, prog_name="trajkit")
 def cli() -> None:
     """Turn a JSONL file of prompts into tool-calling agent trajectories for training."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    # Our own progress at INFO; libraries (the HTTP clients log every request at INFO) only warnings.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    log.setLevel(logging.INFO)
 
 
 @cli.command()
@@ -113,6 +115,11 @@ def cli() -> None:
 @option("prompt_timeout", type=float, default=1800.0, show_default=True, help="Seconds per prompt attempt.")
 @option("tool_timeout", type=float, default=120.0, show_default=True)
 @option("max_attempts", type=int, default=3, show_default=True, help="Attempts per prompt in one invocation.")
+@option("retry_backoff", type=float, default=2.0, show_default=True, help="Seconds before the 2nd attempt; doubles.")
+@option("max_retries", type=int, default=4, show_default=True, help="Retries of one model request.")
+@option("request_timeout", type=float, default=600.0, show_default=True, help="Seconds per model request.")
+@option("sandbox_lifetime", type=float, default=3600.0, show_default=True, help="Seconds a sandbox may live.")
+@option("tool_output_cap", type=int, default=16384, show_default=True, help="Bytes of tool output kept.")
 @option("filter", "filters", multiple=True, help="Enable a filter that is off by default.")
 @option("no_filter", "disabled_filters", multiple=True, help="Disable a filter.")
 @option("writer", "writers", multiple=True, help="Output writer(s); default sharegpt.")

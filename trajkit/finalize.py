@@ -125,6 +125,9 @@ def finalize(
     run_tools: list[str],
 ) -> dict[str, Any]:
     """Write every writer's output and ``rejected.jsonl``; return the record statistics."""
+    for leftover in run_dir.glob(".*"):  # temporary files of a merge that a crash cut short
+        if leftover.is_file():
+            leftover.unlink()
     done = [(item, location) for item, location in paired if location is not None]
     reader = RecordReader(index)
     tally = Tally(run_tools)
