@@ -81,6 +81,7 @@ async def run_conversation(session: Session, prompt: str) -> ConversationResult:
     history: list[Message] = [user]  # what is both sent and saved
     saved_history: list[Message] = [user]
     schemas = [tool.schema() for tool in session.tools.values()]
+    call_ids: set[str] = set()
     result = ConversationResult(
         None, saved, 0, False, Usage(), {name: ToolStat() for name in session.known_tools}
     )
@@ -90,7 +91,7 @@ async def run_conversation(session: Session, prompt: str) -> ConversationResult:
         result.api_calls += 1
         result.usage.add(reply.usage)
         result.finish_reason = reply.finish_reason
-        _dedupe_call_ids(reply.tool_calls, result.api_calls)
+        _dedupe_call_ids(reply.tool_calls, result.api_calls, call_ids)
         history.append(_wire(reply))
         saved_history.append({**_wire(reply), "reasoning": reply.reasoning})
         if not reply.tool_calls:
@@ -109,9 +110,8 @@ async def run_conversation(session: Session, prompt: str) -> ConversationResult:
     return result
 
 
-def _dedupe_call_ids(calls: list[ToolCall], turn: int) -> None:
-    """Some providers repeat or omit ids; every call must be answerable by a unique id."""
-    seen: set[str] = set()
+def _dedupe_call_ids(calls: list[ToolCall], turn: int, seen: set[str]) -> None:
+    """Some providers repeat or omit ids; every call of the conversation needs an id of its own."""
     for position, call in enumerate(calls):
         if not call.id or call.id in seen:
             call.id = f"call_{turn}_{position}"

@@ -1,0 +1,94 @@
+"""The agent as a library: one prompt, one sandbox, one conversation, no run directory.
+
+    agent = Agent(model="scripted", enabled_toolsets=["terminal"])
+    agent.chat("List the files")                  # -> the final answer
+    agent.run_conversation("List the files")      # -> final_response and messages
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from trajkit.agent import ConversationResult, Session, run_conversation
+from trajkit.config import DEFAULT_BASE_URL, DEFAULT_SYSTEM_PROMPT, RunConfig
+from trajkit.manager import PluginHost, load_plugins
+from trajkit.sandbox import SandboxSpec
+
+
+class Agent:
+    def __init__(
+        self,
+        model: str = "scripted",
+        *,
+        base_url: str = DEFAULT_BASE_URL,
+        api_key: str | None = None,
+        enabled_toolsets: Sequence[str] | None = None,
+        disabled_toolsets: Sequence[str] = (),
+        max_turns: int = 10,
+        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        ephemeral_system_prompt: str | None = None,
+        sandbox: str = "local",
+        sandbox_options: dict[str, str] | None = None,
+        image: str | None = None,
+        quiet_mode: bool = True,
+        plugins: PluginHost | None = None,
+    ) -> None:
+        self.host = plugins or load_plugins()
+        self.config = RunConfig(
+            model=model,
+            base_url=base_url,
+            api_key=api_key,
+            max_turns=max_turns,
+            system_prompt=system_prompt,
+            ephemeral_system_prompt=ephemeral_system_prompt,
+            sandbox=sandbox,
+            sandbox_options={sandbox: dict(sandbox_options or {})},
+            quiet=quiet_mode,
+        )
+        toolsets = self.host.toolsets
+        names = list(enabled_toolsets) if enabled_toolsets is not None else sorted(toolsets)
+        unknown = sorted(set(names) - set(toolsets))
+        if unknown:
+            raise ValueError(f"unknown toolsets {unknown}; available: {sorted(toolsets)}")
+        self.tools = {t.name: t for n in names if n not in disabled_toolsets for t in toolsets[n].tools}
+        self.image = image
+
+    async def arun_conversation(self, prompt: str) -> ConversationResult:
+        from trajkit.runner import model_client_class
+
+        client = model_client_class(self.config, self.host).from_config(self.config)
+        backend = self.host.backend(self.config.sandbox)(self.config.sandbox_options.get(self.config.sandbox))
+        try:
+            if self.image:
+                await backend.verify_image(self.image)
+            spec = SandboxSpec(run_id=f"agent-{uuid.uuid4().hex[:8]}", work_id="0", image=self.image)
+            sandbox = await backend.create(spec)
+            try:
+                session = Session(
+                    client=client,
+                    sandbox=sandbox,
+                    tools=self.tools,
+                    known_tools=frozenset(self.tools),
+                    system_prompt=self.config.system_prompt,
+                    ephemeral_system_prompt=self.config.ephemeral_system_prompt,
+                    max_turns=self.config.max_turns,
+                )
+                return await run_conversation(session, prompt)
+            finally:
+                await sandbox.close()
+        finally:
+            await backend.aclose()
+            await client.aclose()
+
+    def run_conversation(self, prompt: str) -> ConversationResult:
+        return asyncio.run(self.arun_conversation(prompt))
+
+    def chat(self, prompt: str) -> str:
+        return self.run_conversation(prompt).final_response or ""
+
+    def __repr__(self) -> str:
+        details: dict[str, Any] = {"model": self.config.model, "tools": sorted(self.tools)}
+        return f"Agent({details})"
