@@ -96,7 +96,7 @@ async def run_conversation(session: Session, prompt: str) -> ConversationResult:
         saved_history.append({**_wire(reply), "reasoning": reply.reasoning})
         if not reply.tool_calls:
             result.final_response = reply.content
-            result.completed = True
+            result.completed = reply.finish_reason != "length"  # an answer cut off is not complete
             break
         outcomes = await asyncio.gather(*(_call_tool(session, call) for call in reply.tool_calls))
         for call, outcome in zip(reply.tool_calls, outcomes, strict=True):

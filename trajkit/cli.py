@@ -24,7 +24,9 @@ from trajkit.manager import PluginError, PluginHost, load_plugins
 log = logging.getLogger("trajkit")
 
 
-def option(name: str, dest: str | None = None, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def option(
+    name: str, dest: str | None = None, **kwargs: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A click option under ``--snake_case`` and ``--kebab-case``, stored as ``dest`` (default: the name)."""
     spellings = dict.fromkeys([f"--{name}", f"--{name.replace('_', '-')}"])
     return click.option(*spellings, dest or name, **kwargs)
@@ -34,7 +36,9 @@ def comma_list(_ctx: click.Context, _param: click.Parameter, value: str | None) 
     return [part.strip() for part in value.split(",") if part.strip()] if value else []
 
 
-def key_values(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, dict[str, str]]:
+def key_values(
+    _ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, dict[str, str]]:
     """``docker.network=host`` -> {"docker": {"network": "host"}}."""
     options: dict[str, dict[str, str]] = {}
     for item in values:
@@ -72,12 +76,14 @@ class TrajkitGroup(click.Group):
 def cli() -> None:
     """Turn a JSONL file of prompts into tool-calling agent trajectories for training."""
     # Our own progress at INFO; libraries (the HTTP clients log every request at INFO) only warnings.
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
+    )
     log.setLevel(logging.INFO)
 
 
 @cli.command()
-@option("dataset_file", type=click.Path(path_type=Path), help="JSONL file, one {\"prompt\": ...} per line.")
+@option("dataset_file", type=click.Path(path_type=Path), help='JSONL file, one {"prompt": ...} per line.')
 @option("run_name", help="Names the run directory under --output_dir.")
 @option("output_dir", type=click.Path(path_type=Path), default=Path("data"), show_default=True)
 @option("batch_size", type=int, default=100, show_default=True, help="Records per ledger file.")
@@ -111,12 +117,29 @@ def cli() -> None:
 @option("seed", type=int, default=0, show_default=True, help="Seeds toolset sampling per prompt.")
 @option("sandbox", default="local", show_default=True, help="Backend for rows without an image.")
 @option("image_backend", default="docker", show_default=True, help="Backend for rows with an image.")
-@option("sandbox_option", "sandbox_options", multiple=True, callback=key_values, help="BACKEND.KEY=VALUE, repeatable.")
+@option(
+    "sandbox_option",
+    "sandbox_options",
+    multiple=True,
+    callback=key_values,
+    help="BACKEND.KEY=VALUE, repeatable.",
+)
 @option("prompt_timeout", type=float, default=1800.0, show_default=True, help="Seconds per prompt attempt.")
 @option("tool_timeout", type=float, default=120.0, show_default=True)
 @option("max_attempts", type=int, default=3, show_default=True, help="Attempts per prompt in one invocation.")
-@option("retry_backoff", type=float, default=2.0, show_default=True, help="Seconds before the 2nd attempt; doubles.")
-@option("max_retries", type=int, default=4, show_default=True, help="Retries of one model request.")
+@option(
+    "retry_backoff",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="Seconds before the 2nd attempt; doubles.",
+)
+@option("max_retries", type=int, default=6, show_default=True, help="Retries of one model request.")
+@option("retry_budget", type=float, default=900.0, show_default=True, help="Seconds one request may retry.")
+@option("max_concurrent_requests", type=int, default=None, help="Model requests in flight at most.")
+@option("max_rpm", type=float, default=None, help="Model requests per minute at most.")
+@option("max_tpm", type=float, default=None, help="Tokens per minute at most (estimated before each call).")
+@option("max_cost", type=float, default=None, help="Stop starting sessions once the run has cost this much.")
 @option("request_timeout", type=float, default=600.0, show_default=True, help="Seconds per model request.")
 @option("sandbox_lifetime", type=float, default=3600.0, show_default=True, help="Seconds a sandbox may live.")
 @option("tool_output_cap", type=int, default=16384, show_default=True, help="Bytes of tool output kept.")
@@ -151,7 +174,7 @@ def run(ctx: click.Context, **flags: Any) -> None:
 def execute(config: RunConfig, host: PluginHost) -> int:
     """Run and report; returns the process exit code."""
     from trajkit.model import ModelConfigError
-    from trajkit.runner import EXIT_USAGE, Runner, RunError
+    from trajkit.runner import EXIT_USAGE, RunError, Runner
 
     try:
         runner = Runner(config, host)
@@ -181,7 +204,8 @@ def read_prefill(path: Path) -> list[dict[str, Any]]:
     except ValueError as exc:
         raise click.BadParameter(f"{path}: invalid JSON: {exc}") from None
     if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and m.get("role") in {"system", "user", "assistant"} and "content" in m for m in messages
+        isinstance(m, dict) and m.get("role") in {"system", "user", "assistant"} and "content" in m
+        for m in messages
     ):
         raise click.BadParameter(f"{path}: expected a JSON list of {{role, content}} messages")
     return messages

@@ -65,7 +65,15 @@ class RunConfig(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = None
     request_timeout: float = Field(600.0, gt=0)
-    max_retries: int = Field(4, ge=0)
+    max_retries: int = Field(6, ge=0)
+    retry_budget: float = Field(900.0, gt=0)
+    """Seconds one model request may spend retrying in all."""
+    max_concurrent_requests: int | None = Field(None, ge=1)
+    max_rpm: float | None = Field(None, gt=0)
+    max_tpm: float | None = Field(None, gt=0)
+    max_cost: float | None = Field(None, ge=0)
+    prices: dict[str, tuple[float, float]] = {}
+    """Model -> (input, output) price per million tokens, for endpoints that report no cost."""
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     ephemeral_system_prompt: str | None = None

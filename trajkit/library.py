@@ -1,8 +1,8 @@
 """The agent as a library: one prompt, one sandbox, one conversation, no run directory.
 
-    agent = Agent(model="scripted", enabled_toolsets=["terminal"])
-    agent.chat("List the files")                  # -> the final answer
-    agent.run_conversation("List the files")      # -> final_response and messages
+agent = Agent(model="scripted", enabled_toolsets=["terminal"])
+agent.chat("List the files")                  # -> the final answer
+agent.run_conversation("List the files")      # -> final_response and messages
 """
 
 from __future__ import annotations

@@ -96,6 +96,10 @@ class ModelClient(ABC):
     async def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> AssistantMessage:
         """One model call. Raises :class:`ModelError` once retries are exhausted."""
 
+    def statistics(self) -> dict[str, Any]:
+        """Counters for ``statistics.json`` (retries, throttling, ...); empty by default."""
+        return {}
+
     async def aclose(self) -> None:
         """Release connections at the end of the run."""
 

@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -88,6 +89,8 @@ class Runner:
         self.digests: dict[tuple[str, str], str | None] = {}
         self.image_failures: dict[tuple[str, str], str] = {}
         self.stop_reason: str | None = None
+        self.prior_cost = 0.0
+        self.client_statistics: dict[str, Any] = {}
         self.interrupted = False
         self.run_id = f"{config.run_name}-{os.getpid()}-{int(time.time())}"
 
@@ -148,6 +151,8 @@ class Runner:
         self.counters.total = len(pending)
         self.counters.done_before = len(paired) - len(pending)
         started = datetime.now(UTC)
+        if (self.run_dir / STATISTICS_FILE).exists():
+            self.prior_cost = json.loads((self.run_dir / STATISTICS_FILE).read_text()).get("cost", 0.0)
         if pending:
             self._record_invocation_start(started, len(pending))
             await self._execute(pending, routes)
@@ -232,6 +237,7 @@ class Runner:
                 await asyncio.gather(*workers, return_exceptions=True)
                 ledger.close()
                 failures.close()
+                self.client_statistics = client.statistics()
                 await client.aclose()
                 await self._close_backends()
 
@@ -299,6 +305,13 @@ class Runner:
         failures: AppendLog,
     ) -> None:
         while self.stop_reason is None:
+            if (
+                self.config.max_cost is not None
+                and self.prior_cost + self.counters.cost >= self.config.max_cost
+            ):
+                self.stop_reason = f"--max_cost {self.config.max_cost:g} reached"
+                log.warning("%s: no new sessions are started", self.stop_reason)
+                return
             try:
                 item = queue.get_nowait()
             except asyncio.QueueEmpty:
@@ -321,8 +334,9 @@ class Runner:
             except SessionFailure as failure:
                 self._record_failure(failures, item, attempt, failure)
                 if failure.stops_run:
-                    self.stop_reason = str(failure)
-                    log.error("stopping the run: %s", failure)
+                    if self.stop_reason is None:
+                        self.stop_reason = str(failure)
+                        log.error("stopping the run (%s): %s", failure.error_class, failure)
                     return
                 if not failure.retryable or attempt == self.config.max_attempts:
                     self.counters.failed += 1
@@ -365,6 +379,8 @@ class Runner:
             }
         )
         self.counters.last_error = f"{failure.error_class}: {str(failure)[:160]}"
+        if failure.stops_run:
+            return  # said once, by the stop itself
         prefix = item.row.prompt[: self.config.log_prefix_chars]
         log.warning(
             "prompt %d attempt %d failed (%s): %s | %r",
@@ -522,6 +538,7 @@ class Runner:
             succeeded=self.counters.succeeded,
             failed=self.counters.failed,
             stop_reason=self.stop_reason,
+            model_client=self.client_statistics,
         )
         save_json(self.run_dir / MANIFEST_FILE, manifest)
 
@@ -543,6 +560,7 @@ class Runner:
             "invocations": len(manifest["invocations"]),
             "wall_seconds": round(sum(i.get("wall_seconds", 0) for i in manifest["invocations"]), 3),
             "ignored_torn_lines": len(index.torn),
+            "model_client": _summed(i.get("model_client", {}) for i in manifest["invocations"]),
         }
         save_json(self.run_dir / STATISTICS_FILE, statistics)
         save_json(
@@ -557,6 +575,13 @@ class Runner:
             },
         )
         return statistics
+
+
+def _summed(entries: Iterable[dict[str, Any]]) -> dict[str, float]:
+    total: Counter[str] = Counter()
+    for entry in entries:
+        total.update({k: v for k, v in entry.items() if isinstance(v, int | float)})
+    return {k: round(v, 3) for k, v in sorted(total.items())}
 
 
 def run_status(run_dir: Path) -> dict[str, Any]:

@@ -8,8 +8,13 @@ JSON also keeps the reasoning fields that each endpoint names differently.
 
 from __future__ import annotations
 
+import asyncio
+import email.utils
 import json
 import os
+import random
+import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -25,6 +30,7 @@ from trajkit.model import (
     ModelNotFound,
     parse_assistant_message,
 )
+from trajkit.ratelimit import RequestLimiter
 
 if TYPE_CHECKING:
     import openai
@@ -88,38 +94,111 @@ def request_extras(config: RunConfig) -> dict[str, Any]:
     return extras
 
 
+RETRYABLE_STATUS = {408, 409, 425, 429}
+
+
 class OpenAIClient(ModelClient):
+    """Retries, timeouts and rate limits are handled here, for the whole run, not by the SDK.
+
+    The SDK's own retries are off: this loop counts every retry, bounds the total time spent
+    retrying one request, honours ``Retry-After`` and tells the shared limiter about 429s so the
+    whole run slows down instead of each session hammering the endpoint on its own.
+    """
+
     name = "openai"
     description = "any OpenAI-compatible chat completions endpoint (--base_url, --model SLUG)"
 
-    def __init__(self, client: openai.AsyncOpenAI, model: str, extras: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        client: openai.AsyncOpenAI,
+        model: str,
+        extras: dict[str, Any],
+        *,
+        limiter: RequestLimiter | None = None,
+        max_retries: int = 4,
+        retry_budget: float = 600.0,
+        prices: tuple[float, float] | None = None,
+    ) -> None:
         self.client = client
         self.model = model
         self.extras = extras
+        self.limiter = limiter or RequestLimiter()
+        self.max_retries = max_retries
+        self.retry_budget = retry_budget
+        self.prices = prices
+        self.counts: Counter[str] = Counter()
 
     @classmethod
     def from_config(cls, config: RunConfig) -> OpenAIClient:
         import openai
 
         try:
-            http_client = openai.DefaultAioHttpClient(timeout=config.request_timeout)
+            import httpx2 as httpx  # the transport of openai 3.x
+        except ImportError:  # pragma: no cover - older SDKs
+            import httpx  # type: ignore[no-redef]
+
+        concurrency = config.max_concurrent_requests or config.num_workers
+        limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+        try:
+            http_client = openai.DefaultAioHttpClient(timeout=config.request_timeout, limits=limits)
         except RuntimeError:  # the aiohttp extra is missing: the SDK's default transport still works
-            http_client = None
+            http_client = openai.DefaultAsyncHttpxClient(timeout=config.request_timeout, limits=limits)
         client = openai.AsyncOpenAI(
             api_key=resolve_api_key(config),
             base_url=config.base_url,
             timeout=config.request_timeout,
-            max_retries=config.max_retries,
+            max_retries=0,
             http_client=http_client,
         )
-        return cls(client, config.model, request_extras(config))
+        limiter = RequestLimiter(config.max_concurrent_requests, config.max_rpm, config.max_tpm)
+        prices = config.prices.get(config.model)
+        return cls(
+            client,
+            config.model,
+            request_extras(config),
+            limiter=limiter,
+            max_retries=config.max_retries,
+            retry_budget=config.retry_budget,
+            prices=(prices[0], prices[1]) if prices else None,
+        )
 
     async def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> AssistantMessage:
-        import openai
-
         body: dict[str, Any] = {"model": self.model, "messages": messages, **self.extras}
         if tools:
             body["tools"] = tools
+        estimate = _estimate_tokens(body) + int(self.extras.get("max_tokens") or 0)
+        deadline = time.monotonic() + self.retry_budget
+        for attempt in range(self.max_retries + 1):
+            self.counts["requests"] += 1
+            await self.limiter.acquire(estimate)
+            try:
+                message = await self._once(body)
+            except _Retry as retry:
+                await self.limiter.release(success=False)
+                self.counts[retry.kind] += 1
+                if retry.retry_after is not None and retry.kind == "rate_limited":
+                    await self.limiter.throttled(retry.retry_after)
+                delay = retry.retry_after if retry.retry_after is not None else _backoff(attempt)
+                if attempt == self.max_retries or time.monotonic() + delay > deadline:
+                    self.counts["gave_up"] += 1
+                    raise ModelError(f"{retry} (gave up after {attempt + 1} attempts)") from None
+                self.counts["retries"] += 1
+                await asyncio.sleep(delay)
+                continue
+            except BaseException:
+                await self.limiter.release(success=False)
+                raise
+            await self.limiter.release()
+            if self.limiter.max_tpm:
+                self.limiter.record_tokens(
+                    message.usage.prompt_tokens + message.usage.completion_tokens - estimate
+                )
+            return self._priced(message, body)
+        raise AssertionError("unreachable")
+
+    async def _once(self, body: dict[str, Any]) -> AssistantMessage:
+        import openai
+
         try:
             raw = await self.client.post("/chat/completions", cast_to=bytes, body=body)
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
@@ -128,32 +207,97 @@ class OpenAIClient(ModelClient):
             ) from None
         except openai.NotFoundError as exc:
             raise ModelNotFound(f"{exc.status_code} from the endpoint: {_message(exc)}") from None
-        except (openai.BadRequestError, openai.UnprocessableEntityError) as exc:
-            raise ModelConfigError(f"{exc.status_code} from the endpoint: {_message(exc)}") from None
         except openai.APIStatusError as exc:
-            raise ModelError(f"{exc.status_code} from the endpoint after retries: {_message(exc)}") from None
+            if exc.status_code in RETRYABLE_STATUS or exc.status_code >= 500:
+                kind = "rate_limited" if exc.status_code == 429 else "server_error"
+                raise _Retry(kind, f"{exc.status_code}: {_message(exc)}", _retry_after(exc)) from None
+            raise ModelConfigError(f"{exc.status_code} from the endpoint: {_message(exc)}") from None
+        except openai.APITimeoutError:
+            raise _Retry("timeout", "the request timed out", None) from None
         except openai.APIConnectionError as exc:
-            raise ModelError(f"{type(exc).__name__} after retries: {exc}") from None
-        return self._parse(raw)
+            raise _Retry("connection_error", f"connection failed: {exc}", None) from None
+        message = self._parse(raw)
+        if not message.content and not message.tool_calls and not message.reasoning:
+            raise _Retry("empty_response", "the endpoint returned an empty message", None)
+        return message
+
+    def _priced(self, message: AssistantMessage, body: dict[str, Any]) -> AssistantMessage:
+        usage = message.usage
+        if not usage.prompt_tokens and not usage.completion_tokens:
+            self.counts["usage_estimated"] += 1  # the endpoint sent no usage: estimate it
+            usage.prompt_tokens = _estimate_tokens(body)
+            usage.completion_tokens = (
+                len(message.content or "") // 4 + sum(len(c.arguments) for c in message.tool_calls) // 4
+            )
+        if usage.cost is None and self.prices:
+            usage.cost = (
+                usage.prompt_tokens * self.prices[0] + usage.completion_tokens * self.prices[1]
+            ) / 1e6
+        if message.finish_reason == "length":
+            self.counts["truncated"] += 1
+        return message
 
     @staticmethod
     def _parse(raw: bytes) -> AssistantMessage:
         try:
             data = json.loads(raw)
         except ValueError:
-            raise ModelError(f"the endpoint returned non-JSON: {raw[:200]!r}") from None
+            raise _Retry("bad_response", f"the endpoint returned non-JSON: {raw[:200]!r}", None) from None
         if not isinstance(data, dict):
-            raise ModelError("the endpoint returned JSON that is not an object")
+            raise _Retry("bad_response", "the endpoint returned JSON that is not an object", None)
         if data.get("error"):
-            raise ModelError(f"the endpoint returned an error: {_describe_error(data['error'])}")
+            raise _Retry(
+                "server_error", f"the endpoint returned an error: {_describe_error(data['error'])}", None
+            )
         choices = data.get("choices") or []
         if not choices or not isinstance(choices[0].get("message"), dict):
-            raise ModelError("the endpoint returned no choices")
+            raise _Retry("empty_response", "the endpoint returned no choices", None)
         choice = choices[0]
         return parse_assistant_message(choice["message"], data.get("usage"), choice.get("finish_reason"))
 
+    def statistics(self) -> dict[str, Any]:
+        return {
+            **dict(sorted(self.counts.items())),
+            "throttled": self.limiter.stats.throttled,
+            "limiter_wait_s": round(self.limiter.stats.waited_s, 3),
+        }
+
     async def aclose(self) -> None:
         await self.client.close()
+
+
+class _Retry(Exception):
+    def __init__(self, kind: str, message: str, retry_after: float | None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retry_after = retry_after
+
+
+def _backoff(attempt: int) -> float:
+    """Exponential backoff with full jitter: 0.5 s, 1 s, 2 s ... capped at 30 s."""
+    return random.uniform(0, min(30.0, 0.5 * 2**attempt)) + 0.1
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    headers = exc.response.headers
+    try:
+        if "retry-after-ms" in headers:
+            return float(headers["retry-after-ms"]) / 1000
+        if "retry-after" in headers:
+            value = headers["retry-after"]
+            try:
+                return float(value)
+            except ValueError:
+                when = email.utils.parsedate_to_datetime(value)
+                return max(0.0, when.timestamp() - time.time())
+    except (ValueError, TypeError):
+        return None
+    return None
+
+
+def _estimate_tokens(body: dict[str, Any]) -> int:
+    """About four characters a token: enough to pace a tokens-per-minute budget before the call."""
+    return sum(len(str(m.get("content") or "")) for m in body["messages"]) // 4 + 1
 
 
 def _describe_error(error: Any) -> str:

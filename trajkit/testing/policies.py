@@ -34,7 +34,11 @@ def dialect_policy(body: dict[str, Any]) -> dict[str, Any]:
     tools = [t["function"]["name"] for t in body.get("tools") or []]
     directives = _directives(messages)
     if _first_turn(messages) and "hallucinate" in directives:
-        call = {"id": "call_h", "type": "function", "function": {"name": "web_search", "arguments": '{"q": "x"}'}}
+        call = {
+            "id": "call_h",
+            "type": "function",
+            "function": {"name": "web_search", "arguments": '{"q": "x"}'},
+        }
         return {"content": None, "reasoning": "I will search the web.", "tool_calls": [call]}
     if _first_turn(messages) and "badargs" in directives and tools:
         call = {"id": "call_b", "type": "function", "function": {"name": tools[0], "arguments": "{not json"}}
@@ -52,5 +56,7 @@ def dialect_policy(body: dict[str, Any]) -> dict[str, Any]:
     elif dialect == "think":
         reply["content"] = f"<think>{reasoning}</think>{reply.get('content') or ''}"
     elif dialect == "scratchpad":
-        reply["content"] = f"<REASONING_SCRATCHPAD>{reasoning}</REASONING_SCRATCHPAD>\n{reply.get('content') or ''}"
+        reply["content"] = (
+            f"<REASONING_SCRATCHPAD>{reasoning}</REASONING_SCRATCHPAD>\n{reply.get('content') or ''}"
+        )
     return reply

@@ -1,0 +1,136 @@
+"""The model client against a misbehaving endpoint: retries, Retry-After, limits, fatal errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import read_jsonl, trajkit, write_jsonl
+from trajkit.ratelimit import RequestLimiter
+from trajkit.testing.openai_server import Fault, OpenAITestServer, RecordedRequest
+from trajkit.testing.policies import dialect_policy
+
+
+def faulty(number: int, body: dict[str, Any]) -> Fault | None:
+    """Deterministic by arrival number: 429s with Retry-After, 500s, and requests that hang."""
+    if number % 20 == 3:
+        return Fault(status=429, headers={"Retry-After": "1"}, message="slow down")
+    if number % 10 == 7:
+        return Fault(status=500, message="internal hiccup")
+    if number % 25 == 11:
+        return Fault(status=0, hang=4.0)
+    return None
+
+
+def run_cli(dataset: Path, out: Path, base_url: str, *extra: str) -> Any:
+    return trajkit(
+        "run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(out),
+        "--model", "m", "--base_url", base_url, "--quiet", *extra,
+    )  # fmt: skip
+
+
+def body_key(request: RecordedRequest) -> str:
+    return json.dumps(request.body["messages"], sort_keys=True)
+
+
+def test_a_faulty_endpoint_still_completes_every_prompt(tmp_path: Path) -> None:
+    dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(100)])
+    server = OpenAITestServer(dialect_policy, faults=faulty)
+    with server:
+        result = run_cli(
+            dataset, tmp_path, server.base_url, "--num_workers", "32", "--request_timeout", "1.5",
+            "--max_retries", "8", "--distribution", "file_only",
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(read_jsonl(tmp_path / "r" / "trajectories.jsonl")) == 100
+
+    requests = server.requests
+    statuses = [r.status for r in requests]
+    stats = json.loads((tmp_path / "r" / "statistics.json").read_text())["model_client"]
+    assert stats["rate_limited"] == statuses.count(429) > 0
+    assert stats["server_error"] == statuses.count(500) > 0
+    assert stats["timeout"] > 0
+    assert stats["retries"] == stats["rate_limited"] + stats["server_error"] + stats["timeout"]
+    assert stats["requests"] == len(requests)
+    assert stats["retries"] < 0.5 * stats["requests"], "retries must stay bounded"
+
+    # No retry of a rate-limited request comes earlier than its Retry-After said.
+    for position, request in enumerate(requests):
+        if request.status != 429:
+            continue
+        retry = next(r for r in requests[position + 1 :] if body_key(r) == body_key(request))
+        assert retry.time_received >= request.time_answered + 0.95
+
+
+def test_request_limits_hold_across_all_sessions(tmp_path: Path) -> None:
+    dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(10)])
+    server = OpenAITestServer(dialect_policy, latency=0.2)
+    with server:
+        result = run_cli(
+            dataset, tmp_path, server.base_url, "--num_workers", "10", "--max_rpm", "600",
+            "--max_concurrent_requests", "3", "--distribution", "file_only",
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert server.max_in_flight <= 3
+    starts = sorted(r.time_received for r in server.requests)
+    assert len(starts) == 30
+    for first in range(len(starts)):
+        in_one_second = sum(1 for t in starts[first:] if t < starts[first] + 1.0)
+        assert in_one_second <= 10 + 1
+
+
+def test_refused_credentials_stop_the_run_with_one_message(tmp_path: Path) -> None:
+    dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(40)])
+    with OpenAITestServer(dialect_policy, api_key="right") as server:
+        result = run_cli(dataset, tmp_path, server.base_url, "--api_key", "wrong", "--num_workers", "4")
+        assert server.count <= 4
+    assert result.returncode == 1
+    assert result.stderr.count("stopping the run") == 1
+    assert "refused the credentials (401)" in result.stderr
+    failures = read_jsonl(tmp_path / "r" / "failures.jsonl")
+    assert 1 <= len(failures) <= 4 and {f["error_class"] for f in failures} == {"auth_error"}
+    assert "wrong" not in (tmp_path / "r" / "failures.jsonl").read_text()
+
+
+def test_an_unknown_model_fails_fast(tmp_path: Path) -> None:
+    dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(40)])
+    with OpenAITestServer(dialect_policy, models={"real-model"}) as server:
+        result = run_cli(dataset, tmp_path, server.base_url, "--num_workers", "4")
+        assert server.count <= 4
+    assert result.returncode == 1
+    assert "model_not_found" in result.stderr and "does not exist" in result.stderr
+
+
+def test_limiter_halves_on_429_and_recovers() -> None:
+    async def scenario() -> list[int]:
+        limiter = RequestLimiter(max_concurrent=8, recover_after=2)
+        seen = [limiter.allowed]
+        await limiter.acquire()
+        await limiter.throttled(0.05)
+        await limiter.release(success=False)
+        seen.append(limiter.allowed)
+        for _ in range(8):
+            await limiter.acquire()
+            await limiter.release()
+        seen.append(limiter.allowed)
+        return seen
+
+    assert asyncio.run(scenario()) == [8, 4, 8]
+
+
+def test_cost_from_the_endpoint_and_max_cost(tmp_path: Path) -> None:
+    def priced(body: dict[str, Any]) -> dict[str, Any]:
+        return {**dialect_policy(body), "_usage": {"prompt_tokens": 10, "completion_tokens": 5, "cost": 0.01}}
+
+    dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(20)])
+    with OpenAITestServer(priced) as server:
+        result = run_cli(dataset, tmp_path, server.base_url, "--num_workers", "1", "--max_cost", "0.1")
+    assert result.returncode == 1
+    assert "--max_cost 0.1 reached" in result.stderr
+    stats = json.loads((tmp_path / "r" / "statistics.json").read_text())
+    assert 0.1 <= stats["cost"] <= 0.1 + 0.04 + 1e-9
+    assert stats["pending"] == 20 - stats["done"]
+    records = read_jsonl(tmp_path / "r" / "trajectories.jsonl")
+    assert all(r["usage"]["cost"] == 0.01 * r["api_calls"] for r in records)
