@@ -1,0 +1,448 @@
+"""The Modal backend, against a local fake of the Modal SDK and, given credentials, against Modal itself.
+
+The fake (``trajkit_modal.testing``) runs commands as local processes. It is only worth something
+while it matches the real SDK, so its signatures and exceptions are compared with the installed
+``modal`` here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("modal", reason="the modal SDK is not installed")
+
+import modal
+import modal.container_process
+import modal.io_streams
+import modal.sandbox.sandbox
+import trajkit_modal.testing as fake_sdk
+from modal.exception import InvalidError, ResourceExhaustedError
+from trajkit_modal.backend import INLINE_COMMAND_LIMIT, MAX_LIFETIME, ModalBackend
+from trajkit_modal.ratelimit import TokenBucket, backoff_delay
+from trajkit_modal.testing import FakeModal
+
+from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxError, SandboxSpec
+from trajkit.testing.sandbox_conformance import SandboxConformance
+
+LIVE_APP = "trajkit-tests"
+HAVE_MODAL_CREDENTIALS = bool(os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET"))
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeModal]:
+    sdk = FakeModal(tmp_path / "cloud")
+    yield sdk
+    asyncio.run(sdk.aclose())
+
+
+def spec(run_id: str = "run", work_id: str = "w0", **fields: Any) -> SandboxSpec:
+    return SandboxSpec(run_id=run_id, work_id=work_id, **fields)
+
+
+# --- the conformance suite, on the fake and on Modal --------------------------------------------
+
+
+class FakeHarness:
+    image: str | None = "python:3.11-slim"
+
+    def __init__(self, sdk: FakeModal, kill_on_exec_timeout: bool) -> None:
+        self.sdk = sdk
+        sdk.cloud.kill_on_exec_timeout = kill_on_exec_timeout
+
+    def make_backend(self) -> SandboxBackend:
+        return ModalBackend({"create_rate": "50"}, sdk=self.sdk)
+
+    async def leftovers(self, backend: SandboxBackend, run_id: str) -> list[str]:
+        return self.sdk.cloud.leftovers({"trajkit.run": run_id})
+
+
+class TestModalConformance(SandboxConformance):
+    # Whether Modal kills a timed-out exec's own process is not documented: the suite runs both ways.
+    @pytest.fixture(params=[False, True], ids=["timeout-leaves-process", "timeout-kills-process"])
+    def harness(self, fake: FakeModal, request: pytest.FixtureRequest) -> FakeHarness:
+        return FakeHarness(fake, request.param)
+
+
+class LiveHarness:
+    image: str | None = os.environ.get("TRAJKIT_MODAL_TEST_IMAGE") or None
+
+    def make_backend(self) -> SandboxBackend:
+        return ModalBackend({"app": LIVE_APP})
+
+    async def leftovers(self, backend: SandboxBackend, run_id: str) -> list[str]:
+        app = await asyncio.wait_for(modal.App.lookup.aio(LIVE_APP, create_if_missing=True), 60)
+
+        async def listing() -> list[str]:
+            tags = {"trajkit.run": run_id}
+            return [sb.object_id async for sb in modal.Sandbox.list.aio(app_id=app.app_id, tags=tags)]
+
+        return await asyncio.wait_for(listing(), 60)
+
+
+@pytest.mark.skipif(
+    not HAVE_MODAL_CREDENTIALS,
+    reason="no Modal credentials: set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET to run the suite on Modal",
+)
+class TestModalLive(SandboxConformance):
+    @pytest.fixture
+    def harness(self) -> LiveHarness:
+        return LiveHarness()
+
+
+# --- the fake is the SDK's shape ----------------------------------------------------------------
+
+COUNTERPARTS: list[tuple[type, Any]] = [
+    (fake_sdk.App, modal.App),
+    (fake_sdk.Image, modal.Image),
+    (fake_sdk.Secret, modal.Secret),
+    (fake_sdk.Sandbox, modal.Sandbox),
+    (fake_sdk.SandboxFilesystem, modal.sandbox.sandbox.SandboxFilesystem),
+    (fake_sdk.ContainerProcess, modal.container_process.ContainerProcess),
+    (fake_sdk.StreamReader, modal.io_streams.StreamReader),
+    (fake_sdk.StreamWriter, modal.io_streams.StreamWriter),
+]
+
+
+def parameters(function: Any) -> list[tuple[str, Any, Any]]:
+    """Names, kinds and defaults: what decides whether a call binds (annotations do not)."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+
+
+def public_members(cls: type) -> dict[str, Any]:
+    return {
+        name: member for name, member in vars(cls).items() if not name.startswith("_") or name == "__aiter__"
+    }
+
+
+@pytest.mark.parametrize(("fake_class", "real_class"), COUNTERPARTS, ids=lambda c: c.__name__)
+def test_fake_has_the_signatures_of_the_installed_sdk(fake_class: type, real_class: Any) -> None:
+    assert fake_class.__name__ == real_class.__name__
+    for name, member in public_members(fake_class).items():
+        where = f"{fake_class.__name__}.{name}"
+        assert hasattr(real_class, name), f"{where} does not exist in modal {modal.__version__}"
+        real = getattr(real_class, name)
+        if isinstance(member, fake_sdk.aio_method | fake_sdk.aio_static):
+            ours = getattr(fake_class, name).aio
+            assert hasattr(real, "aio"), f"{where} has no .aio form in modal"
+            assert parameters(ours) == parameters(real.aio), where
+            if inspect.isasyncgenfunction(ours):
+                assert "AsyncGenerator" in str(inspect.signature(real.aio).return_annotation), where
+            else:
+                assert inspect.iscoroutinefunction(ours) and inspect.iscoroutinefunction(real.aio), where
+        elif isinstance(member, property):
+            assert isinstance(inspect.getattr_static(real_class, name), property), where
+        elif isinstance(member, classmethod | staticmethod) or inspect.isfunction(member):
+            assert parameters(getattr(fake_class, name)) == parameters(real), where
+        elif name != "__aiter__":
+            raise AssertionError(f"{where}: a kind of member this test does not compare")
+
+
+def test_fake_raises_the_sdks_own_exceptions() -> None:
+    assert FakeModal.exception is modal.exception
+    for name in ("ResourceExhaustedError", "AuthError", "SandboxFilesystemNotFoundError", "ImageBuildError"):
+        assert getattr(fake_sdk.exception, name) is getattr(modal.exception, name)
+
+
+def test_plugin_registers_the_backend_without_importing_modal() -> None:
+    code = (
+        "import sys, trajkit_modal.plugin as p; print(p.trajkit_sandbox_backends(), 'modal' in sys.modules)"
+    )
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert output.strip() == "[<class 'trajkit_modal.backend.ModalBackend'>] False"
+    assert ModalBackend.name == "modal" and ModalBackend.image_based
+
+
+# --- creation: pacing, retries, arguments -------------------------------------------------------
+
+
+def test_creation_is_paced_and_every_sandbox_terminated(fake: FakeModal) -> None:
+    rate, burst, count = 20.0, 5, 50
+
+    async def body() -> None:
+        backend = ModalBackend({"create_rate": str(rate), "create_burst": str(burst)}, sdk=fake)
+        specs = [spec("paced", f"w{i}") for i in range(count)]
+        sandboxes = await asyncio.gather(*(backend.create(s) for s in specs))
+        assert len(fake.cloud.live(tags={"trajkit.run": "paced"})) == count
+        await asyncio.gather(*(sb.close() for sb in sandboxes))
+        await backend.aclose()
+
+    asyncio.run(body())
+    times = sorted(fake.cloud.create_attempts)
+    assert len(times) == count
+    for first in range(count):
+        for last in range(first, count):
+            allowed = burst + rate * (times[last] - times[first]) + 1  # one token of timing slack
+            assert last - first + 1 <= allowed, (
+                f"{last - first + 1} creations in {times[last] - times[first]:.3f} s"
+            )
+    assert times[-1] - times[0] >= 0.9 * (count - burst) / rate
+    assert fake.cloud.live(tags={"trajkit.run": "paced"}) == []
+    assert fake.cloud.leftovers({"trajkit.run": "paced"}) == []
+
+
+def test_rate_limit_refusals_are_retried_with_growing_delays(fake: FakeModal) -> None:
+    fake.cloud.create_errors = [ResourceExhaustedError("Too many requests") for _ in range(3)]
+
+    async def body() -> None:
+        backend = ModalBackend({"create_rate": "100", "create_backoff": "0.05"}, sdk=fake)
+        sandbox = await backend.create(spec())
+        assert (await sandbox.exec("echo ok", timeout=30)).stdout == "ok\n"
+        await sandbox.close()
+
+    asyncio.run(body())
+    times = fake.cloud.create_attempts
+    assert len(times) == 4
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    # Retry n waits at least half of 0.05 * 2**n: lower bounds that a busy machine cannot break.
+    assert all(gap >= 0.025 * 2**n for n, gap in enumerate(gaps)), gaps
+
+
+def test_token_bucket_paces_and_pauses() -> None:
+    now = [0.0]
+    starts: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    async def body() -> None:
+        bucket = TokenBucket(rate=2, burst=3, clock=lambda: now[0], sleep=sleep)
+        for _ in range(7):
+            await bucket.acquire()
+            starts.append(now[0])
+        bucket.pause(10)
+        await bucket.acquire()
+        starts.append(now[0])
+
+    asyncio.run(body())
+    assert starts[:7] == pytest.approx([0, 0, 0, 0.5, 1.0, 1.5, 2.0])
+    assert starts[7] == pytest.approx(12.5)  # the pause, then a token refilled from empty
+
+
+def test_backoff_grows_exponentially_with_jitter_and_a_cap() -> None:
+    assert [backoff_delay(n, 1.0, 60, rng=lambda: 0.0) for n in range(4)] == [0.5, 1, 2, 4]
+    assert [backoff_delay(n, 1.0, 60, rng=lambda: 1.0) for n in range(4)] == [1, 2, 4, 8]
+    assert backoff_delay(20, 1.0, 60, rng=lambda: 1.0) == 60
+
+
+def test_creation_gives_up_after_the_retries_and_never_retries_other_errors(fake: FakeModal) -> None:
+    async def body() -> None:
+        backend = ModalBackend(
+            {"create_retries": "2", "create_backoff": "0.01", "create_rate": "100"}, sdk=fake
+        )
+        fake.cloud.create_errors = [ResourceExhaustedError("Too many requests") for _ in range(5)]
+        with pytest.raises(SandboxError, match="refused 3 times"):
+            await backend.create(spec())
+        assert len(fake.cloud.create_attempts) == 3
+        fake.cloud.create_errors = [InvalidError("bad request")]
+        with pytest.raises(SandboxError, match="InvalidError: bad request"):
+            await backend.create(spec())
+        assert len(fake.cloud.create_attempts) == 4
+
+    asyncio.run(body())
+
+
+def test_create_passes_lifetime_resources_tags_and_workdir(fake: FakeModal) -> None:
+    async def body() -> None:
+        backend = ModalBackend({"cpu": "2", "memory": "4096", "app": "myapp"}, sdk=fake)
+        sandbox = await backend.create(spec("r1", "w7", lifetime=1234.5, env={"A": "1"}))
+        assert sandbox.cwd.endswith("/work")
+        assert (await sandbox.exec('echo "$A"', timeout=30)).stdout == "1\n"
+        state = fake.cloud.sandboxes[sandbox.handle.object_id]
+        assert state.timeout == 1235
+        assert state.workdir == "/work"
+        assert state.options["cpu"] == 2.0 and state.options["memory"] == 4096
+        assert state.options["block_network"] is True
+        assert state.app_id == fake.cloud.apps["myapp"]
+        assert state.tags == {
+            "trajkit": "1",
+            "trajkit.run": "r1",
+            "trajkit.work": "w7",
+            "trajkit.owner": backend.owner,
+        }
+        await sandbox.close()
+        long_lived = await ModalBackend({"block_network": "false"}, sdk=fake).create(spec(lifetime=10**7))
+        state = fake.cloud.sandboxes[long_lived.handle.object_id]
+        assert state.timeout == MAX_LIFETIME and state.options["block_network"] is False
+        await long_lived.close()
+
+    asyncio.run(body())
+
+
+def test_bad_options_fail_up_front() -> None:
+    with pytest.raises(SandboxError, match="unknown option"):
+        ModalBackend({"cpus": "2"})
+    with pytest.raises(SandboxError, match="create_rate"):
+        ModalBackend({"create_rate": "fast"})
+    with pytest.raises(SandboxError, match="block_network"):
+        ModalBackend({"block_network": "maybe"})
+
+
+# --- images --------------------------------------------------------------------------------------
+
+
+def test_verify_image_builds_once_and_reports_unavailable_images(fake: FakeModal) -> None:
+    fake.cloud.unavailable_images.add("nosuch/image:1")
+
+    async def body() -> None:
+        backend = ModalBackend({}, sdk=fake)
+        digest = await backend.verify_image("python:3.11-slim")
+        assert digest is not None and digest.startswith("im-")
+        sandbox = await backend.create(spec(image="python:3.11-slim"))
+        assert sandbox.info.digest == digest and sandbox.info.image == "python:3.11-slim"
+        assert fake.cloud.sandboxes[sandbox.handle.object_id].options["image"] == "python:3.11-slim"
+        await sandbox.close()
+        with pytest.raises(ImageUnavailable, match="nosuch/image:1"):
+            await backend.verify_image("nosuch/image:1")
+
+    asyncio.run(body())
+    assert fake.cloud.builds == ["python:3.11-slim", "nosuch/image:1"]
+
+
+def test_registry_secret_is_used_for_private_images(fake: FakeModal) -> None:
+    async def body() -> None:
+        backend = ModalBackend({"registry_secret": "ghcr-creds"}, sdk=fake)
+        with pytest.raises(ImageUnavailable, match="ghcr-creds"):
+            await backend.verify_image("ghcr.io/org/private:1")
+        fake.cloud.secrets.add("ghcr-creds")
+        assert await backend.verify_image("ghcr.io/org/private:1")
+
+    asyncio.run(body())
+
+
+# --- exec and files ------------------------------------------------------------------------------
+
+
+def test_timeout_is_exit_code_124_and_the_sandbox_stays_usable(fake: FakeModal) -> None:
+    async def body() -> None:
+        sandbox = await ModalBackend({}, sdk=fake).create(spec())
+        result = await sandbox.exec("echo before; sleep 30", timeout=1)
+        assert (result.timed_out, result.exit_code, result.stdout) == (True, 124, "before\n")
+        assert (await sandbox.exec("exit 7", timeout=30)).exit_code == 7
+        # The timed-out command's bookkeeping is gone; only the listing's own file remains.
+        listing = await sandbox.exec("ls -a /tmp | grep -c '^.trajkit-exec-' || true", timeout=30)
+        assert listing.stdout == "1\n"
+        await sandbox.close()
+
+    asyncio.run(body())
+
+
+def test_long_commands_travel_through_stdin(fake: FakeModal) -> None:
+    payload = "x" * (2 * INLINE_COMMAND_LIMIT)
+
+    async def body() -> None:
+        sandbox = await ModalBackend({}, sdk=fake).create(spec())
+        result = await sandbox.exec(f"cat > big.txt <<'EOF'\n{payload}\nEOF\nwc -c < big.txt", timeout=30)
+        assert result.stdout.strip() == str(len(payload) + 1)
+        assert await sandbox.read_file("big.txt") == payload.encode() + b"\n"
+        await sandbox.close()
+
+    asyncio.run(body())
+
+
+def test_file_errors_map_to_python_errors(fake: FakeModal) -> None:
+    async def body() -> None:
+        sandbox = await ModalBackend({}, sdk=fake).create(spec())
+        await sandbox.write_file("a/b.txt", b"data")
+        with pytest.raises(NotADirectoryError):
+            await sandbox.write_file("a/b.txt/c", b"x")
+        with pytest.raises(IsADirectoryError):
+            await sandbox.write_file("a", b"x")
+        await sandbox.close()
+        with pytest.raises(SandboxError, match="closed"):
+            await sandbox.read_file("a/b.txt")
+
+    asyncio.run(body())
+
+
+def test_a_sandbox_that_cannot_run_commands_fails_creation_and_is_terminated(
+    fake: FakeModal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(self: Any, *args: str, **kwargs: Any) -> Any:
+        raise modal.exception.ExecutionError("container failed to start")
+
+    monkeypatch.setattr(fake.Sandbox, "exec", fake_sdk.aio_method(broken))
+
+    async def body() -> None:
+        with pytest.raises(SandboxError, match="container failed to start"):
+            await ModalBackend({}, sdk=fake).create(spec("broken"))
+
+    asyncio.run(body())
+    assert len(fake.cloud.sandboxes) == 1
+    assert fake.cloud.leftovers({"trajkit.run": "broken"}) == []
+
+
+# --- cleanup -------------------------------------------------------------------------------------
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+async def set_owner(sandbox: Any, owner: str) -> None:
+    tags = await sandbox.handle.get_tags.aio()
+    await sandbox.handle.set_tags.aio({**tags, "trajkit.owner": owner})
+
+
+def test_reap_removes_a_runs_sandboxes_and_those_of_dead_owners(fake: FakeModal) -> None:
+    async def body() -> None:
+        backend = ModalBackend({}, sdk=fake)
+        mine = [await backend.create(spec("old-run", f"w{i}")) for i in range(2)]
+        other = await backend.create(spec("other-run"))
+        orphan = await backend.create(spec("crashed-run"))
+        foreign = await backend.create(spec("elsewhere"))
+        host = backend.owner.rpartition(":")[0]
+        await set_owner(orphan, f"{host}:{dead_pid()}")
+        await set_owner(foreign, f"other-host:{dead_pid()}")
+
+        assert await ModalBackend({}, sdk=fake).reap("old-run") == 2
+        remaining = {state.tags["trajkit.run"] for state in fake.cloud.live()}
+        assert remaining == {"other-run", "crashed-run", "elsewhere"}
+        # Without a run: only sandboxes whose owner process on this host is gone.
+        assert await ModalBackend({}, sdk=fake).reap() == 1
+        remaining = {state.tags["trajkit.run"] for state in fake.cloud.live()}
+        assert remaining == {"other-run", "elsewhere"}
+        for sandbox in [*mine, other, orphan, foreign]:
+            await sandbox.close()
+
+    asyncio.run(body())
+
+
+def test_aclose_terminates_sandboxes_left_open(fake: FakeModal) -> None:
+    async def body() -> None:
+        backend = ModalBackend({}, sdk=fake)
+        for i in range(3):
+            await backend.create(spec("forgotten", f"w{i}"))
+        await backend.aclose()
+
+    asyncio.run(body())
+    assert fake.cloud.leftovers({"trajkit.run": "forgotten"}) == []
+
+
+def test_the_lifetime_ends_a_sandbox_even_without_close(fake: FakeModal) -> None:
+    run_id = f"expiring-{uuid.uuid4().hex[:6]}"
+
+    async def body() -> None:
+        sandbox = await ModalBackend({}, sdk=fake).create(spec(run_id, lifetime=1))
+        await asyncio.sleep(1.2)
+        assert fake.cloud.leftovers({"trajkit.run": run_id}) == []
+        with pytest.raises(SandboxError):
+            await sandbox.exec("true", timeout=30)
+        await sandbox.close()
+
+    started = time.monotonic()
+    asyncio.run(body())
+    assert time.monotonic() - started < 20

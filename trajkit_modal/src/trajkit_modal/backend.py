@@ -1,0 +1,577 @@
+"""Modal sandboxes: one Modal Sandbox per prompt, in one Modal app per run.
+
+Options (``--sandbox_option modal.KEY=VALUE``):
+
+- ``app``: name of the Modal app the sandboxes belong to (default ``trajkit``; created if missing).
+- ``environment``: Modal environment (default: Modal's configured one).
+- ``cpu`` (cores) and ``memory`` (MiB): resources requested for each sandbox.
+- ``block_network``: ``true`` (default) cuts the sandbox off from the network.
+- ``registry_secret``: name of a Modal Secret holding credentials for a private image registry.
+- ``create_rate`` (default 4) and ``create_burst`` (default: the rate): sandbox creations per
+  second, and how many may start at once, across the whole run.
+- ``create_retries`` (default 6) and ``create_backoff`` (seconds, default 1): how often and how
+  patiently a creation refused for rate or capacity reasons is retried.
+- ``create_timeout``, ``build_timeout``, ``call_timeout`` (seconds): upper bounds for creating a
+  sandbox, building an image, and any other call to Modal.
+
+Credentials come only from Modal's own configuration (``MODAL_TOKEN_ID``/``MODAL_TOKEN_SECRET`` or
+``~/.modal.toml``); this module never reads them.
+
+The SDK is imported on first use, so registering the plugin costs nothing when no row routes to
+Modal, and it is used through its ``.aio`` forms only, so nothing blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import math
+import os
+import posixpath
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+from trajkit.sandbox import (
+    DEFAULT_OUTPUT_CAP,
+    CappedBuffer,
+    ExecResult,
+    ImageUnavailable,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxInfo,
+    SandboxSpec,
+)
+from trajkit_modal.ratelimit import TokenBucket, backoff_delay
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DEFAULT_CWD = "/work"
+MAX_LIFETIME = 24 * 3600
+"""Modal's upper bound on a sandbox's lifetime, in seconds."""
+MAX_BACKOFF = 60.0
+MODAL_EXEC_TIMED_OUT = -1
+"""What Modal's ``ContainerProcess.wait()`` returns when the exec's own timeout expired."""
+EXEC_GRACE = 30.0
+"""How long past its timeout an exec may take before we stop waiting for Modal to report it."""
+STREAM_GRACE = 5.0
+"""How long output may keep streaming after the command exited (a stray process holds the pipe)."""
+REAP_CONCURRENCY = 8
+
+TAG_MARK = "trajkit"
+TAG_RUN = "trajkit.run"
+TAG_WORK = "trajkit.work"
+TAG_OWNER = "trajkit.owner"
+
+AUTH_HINT = (
+    "Modal rejected the credentials; configure them with `modal token set` or the "
+    "MODAL_TOKEN_ID / MODAL_TOKEN_SECRET environment variables"
+)
+
+# Runs the command ($1, or stdin when $3 is "stdin") in a session and process group of its own,
+# and kills that group when the command's shell exits, so that no background child outlives the
+# exec. The wrapper's and the group's ids go to a file named after the exec ($2), for the kill that
+# follows a timeout. Reading stdin keeps trailing newlines (the "x" guard) for here-documents.
+RUN_IN_GROUP = """\
+c=$1
+if [ "$3" = stdin ]; then c=$(cat; echo x); c=${c%x}; fi
+f=/tmp/.trajkit-exec-$2
+if command -v setsid >/dev/null 2>&1; then setsid /bin/sh -c "$c" & else /bin/sh -c "$c" & fi
+p=$!
+{ echo "$$ $p" >"$f"; } 2>/dev/null
+wait "$p"
+rc=$?
+kill -9 -"$p" 2>/dev/null
+rm -f "$f"
+exit "$rc"
+"""
+INLINE_COMMAND_LIMIT = 32 * 1024
+"""Longer commands travel through stdin: Modal refuses argument lists over 64 KiB."""
+
+# Sent as a second exec after a timeout: Modal has stopped waiting, but the processes may live on.
+KILL_GROUP = """\
+f=/tmp/.trajkit-exec-$1
+if [ -r "$f" ]; then
+  read -r w p <"$f"
+  kill -9 -"$p" "$w" 2>/dev/null
+  rm -f "$f"
+fi
+exit 0
+"""
+
+
+@dataclass(frozen=True)
+class ModalSettings:
+    """The backend's options, parsed and checked once so that a typo fails the run up front."""
+
+    app: str = "trajkit"
+    environment: str | None = None
+    cpu: float | None = None
+    memory: int | None = None
+    block_network: bool = True
+    registry_secret: str | None = None
+    create_rate: float = 4.0
+    create_burst: float | None = None
+    create_retries: int = 6
+    create_backoff: float = 1.0
+    create_timeout: float = 600.0
+    build_timeout: float = 1800.0
+    call_timeout: float = 120.0
+
+    @classmethod
+    def parse(cls, options: Mapping[str, object]) -> ModalSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise SandboxError(
+                f"modal: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        values: dict[str, Any] = {name: _convert(name, value) for name, value in options.items()}
+        settings = cls(**values)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        positive = ("create_rate", "create_timeout", "build_timeout", "call_timeout")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise SandboxError(f"modal: option {name} must be positive")
+        if self.create_retries < 0 or self.create_backoff < 0:
+            raise SandboxError("modal: options create_retries and create_backoff cannot be negative")
+        if self.create_burst is not None and self.create_burst < 1:
+            raise SandboxError("modal: option create_burst must be at least 1")
+
+    @property
+    def burst(self) -> float:
+        return self.create_burst if self.create_burst is not None else max(1.0, self.create_rate)
+
+
+def _convert(name: str, value: object) -> object:
+    """Option values arrive as strings from the command line; turn them into the field's type."""
+    converters: dict[str, Callable[[Any], object]] = {
+        "cpu": float,
+        "memory": int,
+        "block_network": _parse_bool,
+        "create_rate": float,
+        "create_burst": float,
+        "create_retries": int,
+        "create_backoff": float,
+        "create_timeout": float,
+        "build_timeout": float,
+        "call_timeout": float,
+    }
+    try:
+        return converters.get(name, str)(value)
+    except (TypeError, ValueError):
+        raise SandboxError(f"modal: option {name} has an invalid value {value!r}") from None
+
+
+def _parse_bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+class ModalBackend(SandboxBackend):
+    """Creates Modal sandboxes; ``sdk`` replaces the ``modal`` module (tests pass a fake)."""
+
+    name = "modal"
+    image_based = True
+    description = "Modal cloud sandboxes (app, cpu, memory, block_network, registry_secret, create_rate)"
+
+    def __init__(self, options: Mapping[str, object] | None = None, sdk: Any = None) -> None:
+        super().__init__(options)
+        self.settings = ModalSettings.parse(self.options)
+        self._sdk: Any = sdk
+        self._app: Any = None
+        self._app_lock = asyncio.Lock()
+        self._images: dict[str, Any] = {}
+        self._digests: dict[str, str | None] = {}
+        self._bucket = TokenBucket(self.settings.create_rate, self.settings.burst)
+        self._open: set[ModalSandbox] = set()
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+
+    @property
+    def sdk(self) -> Any:
+        if self._sdk is None:
+            import modal
+
+            self._sdk = modal
+        return self._sdk
+
+    async def verify_image(self, image: str) -> str | None:
+        app = await self._lookup_app()
+        timeout = self.settings.build_timeout
+        try:
+            built = self.sdk.Image.from_registry(image, secret=self._registry_secret())
+            await asyncio.wait_for(built.build.aio(app), timeout)
+        except TimeoutError:
+            raise ImageUnavailable(
+                f"modal: building image {image!r} took longer than {timeout:g} s"
+            ) from None
+        except Exception as exc:
+            if isinstance(exc, self.sdk.exception.Error) and not self._is_service_failure(exc):
+                raise ImageUnavailable(f"modal could not build image {image!r}: {_describe(exc)}") from exc
+            raise self._sandbox_error(exc, f"building image {image!r}", timeout) from exc
+        self._images[image] = built
+        self._digests[image] = getattr(built, "object_id", None)
+        return self._digests[image]
+
+    async def create(self, spec: SandboxSpec) -> ModalSandbox:
+        cwd = _absolute_cwd(spec.cwd)
+        app = await self._lookup_app()
+        handle = await self._create_paced(self._create_arguments(spec, app, cwd))
+        info = SandboxInfo(backend=self.name, image=spec.image, digest=self._digests.get(spec.image or ""))
+        sandbox = ModalSandbox(self, handle, cwd, info)
+        self._open.add(sandbox)
+        try:
+            await sandbox.locate_workdir()
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    async def reap(self, run_id: str | None = None) -> int:
+        """Terminate ``run_id``'s sandboxes, or (without it) those whose owning process on this host died.
+
+        Other hosts' sandboxes are left to their owners and to their lifetime.
+        """
+        app = await self._lookup_app()
+        timeout = self.settings.call_timeout
+        wanted = {TAG_MARK: "1"} if run_id is None else {TAG_MARK: "1", TAG_RUN: run_id}
+        handles = await self._bounded(self._list(app.app_id, wanted), timeout, "listing sandboxes")
+        limit = asyncio.Semaphore(REAP_CONCURRENCY)
+
+        async def reap_one(handle: Any) -> bool:
+            async with limit:
+                if run_id is None:
+                    tags = await self._bounded(handle.get_tags.aio(), timeout, "reading sandbox tags")
+                    if not _owner_is_dead(tags):
+                        return False
+                await self._bounded(handle.terminate.aio(), timeout, "terminating a sandbox")
+                return True
+
+        results = await asyncio.gather(*(reap_one(handle) for handle in handles), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                log.warning("modal: could not reap a sandbox: %s", result)
+        return sum(result is True for result in results)
+
+    async def aclose(self) -> None:
+        """Terminate whatever the run left open, then forget the app."""
+        await asyncio.gather(*(sandbox.close() for sandbox in list(self._open)))
+        self._app = None
+
+    async def _lookup_app(self) -> Any:
+        """The run's Modal app, looked up (or created) once and shared by every sandbox."""
+        async with self._app_lock:
+            if self._app is None:
+                lookup = self.sdk.App.lookup.aio(
+                    self.settings.app, create_if_missing=True, environment_name=self.settings.environment
+                )
+                what = f"looking up app {self.settings.app!r}"
+                self._app = await self._bounded(lookup, self.settings.call_timeout, what)
+            return self._app
+
+    def _registry_secret(self) -> Any:
+        name = self.settings.registry_secret
+        if name is None:
+            return None
+        return self.sdk.Secret.from_name(name, environment_name=self.settings.environment)
+
+    def _image(self, image: str | None) -> Any:
+        """The image object verified earlier, or a fresh reference that Modal builds on creation."""
+        if image is None:
+            return None
+        if image not in self._images:
+            self._images[image] = self.sdk.Image.from_registry(image, secret=self._registry_secret())
+        return self._images[image]
+
+    def _create_arguments(self, spec: SandboxSpec, app: Any, cwd: str) -> dict[str, Any]:
+        arguments: dict[str, Any] = {
+            "app": app,
+            "image": self._image(spec.image),
+            # Always explicit: Modal's default lifetime (300 s) is shorter than most sessions.
+            "timeout": _lifetime_seconds(spec.lifetime),
+            "workdir": cwd,
+            "block_network": self.settings.block_network,
+            # Tagged at creation, not afterwards, so no sandbox ever exists that reap cannot find.
+            "tags": {TAG_MARK: "1", TAG_RUN: spec.run_id, TAG_WORK: spec.work_id, TAG_OWNER: self.owner},
+            "env": dict(spec.env) or None,
+        }
+        if self.settings.cpu is not None:
+            arguments["cpu"] = self.settings.cpu
+        if self.settings.memory is not None:
+            arguments["memory"] = self.settings.memory
+        return arguments
+
+    async def _create_paced(self, arguments: dict[str, Any]) -> Any:
+        """Create a sandbox at no more than the configured rate, retrying when Modal says "slow down"."""
+        refused = self.sdk.exception.ResourceExhaustedError
+        timeout = self.settings.create_timeout
+        attempt = 0
+        while True:
+            await self._bucket.acquire()
+            try:
+                return await asyncio.wait_for(self.sdk.Sandbox.create.aio(**arguments), timeout)
+            except refused as exc:
+                if attempt >= self.settings.create_retries:
+                    raise SandboxError(
+                        f"modal: sandbox creation refused {attempt + 1} times (rate limit or capacity): {exc}"
+                    ) from exc
+                delay = backoff_delay(attempt, self.settings.create_backoff, MAX_BACKOFF)
+                log.info("modal: sandbox creation refused (%s); retrying in %.1f s", exc, delay)
+                self._bucket.pause(delay)
+                attempt += 1
+            except Exception as exc:
+                raise self._sandbox_error(exc, "creating a sandbox", timeout) from exc
+
+    async def _list(self, app_id: str, tags: dict[str, str]) -> list[Any]:
+        return [handle async for handle in self.sdk.Sandbox.list.aio(app_id=app_id, tags=tags)]
+
+    async def _bounded(self, call: Awaitable[T], seconds: float, what: str) -> T:
+        """Await one SDK call, never longer than ``seconds``, turning its failures into SandboxError."""
+        try:
+            return await asyncio.wait_for(call, seconds)
+        except SandboxError:
+            raise
+        except Exception as exc:
+            raise self._sandbox_error(exc, what, seconds) from exc
+
+    def _is_service_failure(self, exc: BaseException) -> bool:
+        """Failures of Modal itself or of our access to it, as opposed to failures of the request."""
+        errors = self.sdk.exception
+        return isinstance(exc, errors.AuthError | errors.ConnectionError | errors.ServiceError)
+
+    def _sandbox_error(self, exc: BaseException, what: str, seconds: float) -> SandboxError:
+        if isinstance(exc, SandboxError):
+            return exc
+        if isinstance(exc, TimeoutError):
+            return SandboxError(f"modal: {what} took longer than {seconds:g} s")
+        if isinstance(exc, self.sdk.exception.AuthError):
+            return SandboxError(f"modal: {what} failed: {AUTH_HINT}")
+        return SandboxError(f"modal: {what} failed: {_describe(exc)}")
+
+
+class ModalSandbox(Sandbox):
+    """One Modal Sandbox. Commands run through ``/bin/sh -c`` in their own process group."""
+
+    def __init__(self, backend: ModalBackend, handle: Any, cwd: str, info: SandboxInfo) -> None:
+        self.backend = backend
+        self.handle = handle
+        self.cwd = cwd
+        self.info = info
+        self.closed = False
+
+    async def locate_workdir(self) -> None:
+        """Wait until the sandbox runs commands, and learn its working directory as it names it.
+
+        Creation returns before a container may be usable; a first command that fails here is a
+        sandbox failure rather than a failure of some later tool call in the middle of a session.
+        """
+        result = await self.exec("pwd", timeout=self.backend.settings.call_timeout)
+        lines = result.stdout.splitlines()
+        if result.exit_code != 0 or not lines or not lines[-1].startswith("/"):
+            detail = result.stderr.strip()[:500] or f"exit code {result.exit_code}"
+            raise SandboxError(f"modal: the sandbox cannot run commands in {self.cwd}: {detail}")
+        self.cwd = lines[-1]
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        output_cap: int = DEFAULT_OUTPUT_CAP,
+    ) -> ExecResult:
+        self._check_open()
+        exec_id = uuid.uuid4().hex
+        inline = len(command) <= INLINE_COMMAND_LIMIT
+        start = self.handle.exec.aio(
+            "/bin/sh",
+            "-c",
+            RUN_IN_GROUP,
+            "trajkit-exec",
+            command if inline else "",
+            exec_id,
+            "" if inline else "stdin",
+            timeout=_whole_seconds(timeout),
+            workdir=self.cwd,
+            env=dict(env) if env else None,
+            text=False,
+        )
+        process = await self.backend._bounded(start, self.backend.settings.call_timeout, "starting a command")
+        if not inline:
+            await self._send_command(process, command)
+        stdout, stderr = CappedBuffer(output_cap), CappedBuffer(output_cap)
+        exit_code = await self._collect(process, stdout, stderr, timeout + EXEC_GRACE)
+        timed_out = exit_code == MODAL_EXEC_TIMED_OUT
+        if timed_out:
+            await self._kill(exec_id)
+        return ExecResult(
+            exit_code=124 if timed_out else exit_code,
+            stdout=stdout.text(),
+            stderr=stderr.text(),
+            timed_out=timed_out,
+            truncated=stdout.truncated or stderr.truncated,
+        )
+
+    async def _send_command(self, process: Any, command: str) -> None:
+        process.stdin.write(command.encode("utf-8"))
+        process.stdin.write_eof()
+        drain = process.stdin.drain.aio()
+        await self.backend._bounded(drain, self.backend.settings.call_timeout, "sending a long command")
+
+    async def _collect(self, process: Any, stdout: CappedBuffer, stderr: CappedBuffer, limit: float) -> int:
+        """Stream both outputs into their buffers while waiting for the exit code."""
+        pumps = asyncio.gather(_pump(process.stdout, stdout), _pump(process.stderr, stderr))
+        try:
+            exit_code: int = await asyncio.wait_for(process.wait.aio(), limit)
+        except TimeoutError:
+            exit_code = MODAL_EXEC_TIMED_OUT
+        except BaseException as exc:
+            await _cancel(pumps)
+            if isinstance(exc, Exception):
+                raise self.backend._sandbox_error(exc, "waiting for a command", limit) from exc
+            raise
+        try:
+            # Modal ends both streams when the command exits or its timeout expires; a process that
+            # escaped the group may keep a pipe open, and its output is not worth waiting for.
+            await asyncio.wait_for(pumps, STREAM_GRACE)
+        except TimeoutError:
+            pass
+        except Exception as exc:
+            raise self.backend._sandbox_error(exc, "reading a command's output", STREAM_GRACE) from exc
+        return exit_code
+
+    async def _kill(self, exec_id: str) -> None:
+        """Kill a timed-out command's process group from a second exec.
+
+        Modal only stops waiting when an exec times out; it does not promise to kill what the
+        command started, and the contract says nothing may outlive the call.
+        """
+        seconds = self.backend.settings.call_timeout
+        try:
+            start = self.handle.exec.aio("/bin/sh", "-c", KILL_GROUP, "trajkit-kill", exec_id, timeout=30)
+            process = await asyncio.wait_for(start, seconds)
+            await asyncio.wait_for(process.wait.aio(), seconds)
+        except Exception as exc:
+            reason = self.backend._sandbox_error(exc, "killing a timed-out command", seconds)
+            log.warning("%s", reason)
+
+    async def read_file(self, path: str) -> bytes:
+        self._check_open()
+        target = self._resolve(path)
+        call = self.handle.filesystem.read_bytes.aio(target)
+        data: bytes = await self._file_call(call, target)
+        return data
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        self._check_open()
+        target = self._resolve(path)
+        # Modal's write_bytes creates missing parent directories itself.
+        await self._file_call(self.handle.filesystem.write_bytes.aio(bytes(data), target), target)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.backend._open.discard(self)
+        seconds = self.backend.settings.call_timeout
+        try:
+            await asyncio.wait_for(self.handle.terminate.aio(), seconds)
+        except Exception as exc:
+            # Its lifetime still ends it; the run must not fail because a cleanup call did.
+            reason = self.backend._sandbox_error(exc, "terminating the sandbox", seconds)
+            log.warning("modal: %s (sandbox %s)", reason, getattr(self.handle, "object_id", "?"))
+
+    def _resolve(self, path: str) -> str:
+        return posixpath.normpath(path if path.startswith("/") else posixpath.join(self.cwd, path))
+
+    async def _file_call(self, call: Awaitable[T], path: str) -> T:
+        """Await a filesystem call, mapping Modal's file errors onto Python's own."""
+        seconds = self.backend.settings.call_timeout
+        try:
+            return await asyncio.wait_for(call, seconds)
+        except Exception as exc:
+            raise self._file_error(exc, path, seconds) from exc
+
+    def _file_error(self, exc: BaseException, path: str, seconds: float) -> BaseException:
+        errors = self.backend.sdk.exception
+        table: list[tuple[type[BaseException], Callable[..., OSError], int]] = [
+            (errors.SandboxFilesystemNotFoundError, FileNotFoundError, errno.ENOENT),
+            (errors.SandboxFilesystemIsADirectoryError, IsADirectoryError, errno.EISDIR),
+            (errors.SandboxFilesystemNotADirectoryError, NotADirectoryError, errno.ENOTDIR),
+            (errors.SandboxFilesystemPermissionError, PermissionError, errno.EACCES),
+            (errors.SandboxFilesystemFileTooLargeError, OSError, errno.EFBIG),
+            (errors.SandboxFilesystemError, OSError, errno.EIO),
+        ]
+        for modal_error, python_error, code in table:
+            if isinstance(exc, modal_error):
+                return python_error(code, os.strerror(code), path)
+        return self.backend._sandbox_error(exc, f"accessing {path}", seconds)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SandboxError("modal: sandbox is closed")
+
+
+async def _pump(stream: Any, buffer: CappedBuffer) -> None:
+    async for chunk in stream:
+        buffer.feed(chunk if isinstance(chunk, bytes) else chunk.encode("utf-8"))
+
+
+async def _cancel(future: asyncio.Future[Any]) -> None:
+    """Cancel ``future`` and wait for it, without letting its outcome (or cancellation) escape."""
+    future.cancel()
+    await asyncio.wait([future])
+    if not future.cancelled():
+        future.exception()
+
+
+def _absolute_cwd(cwd: str | None) -> str:
+    if not cwd:
+        return DEFAULT_CWD
+    return posixpath.normpath(cwd if cwd.startswith("/") else f"{DEFAULT_CWD}/{cwd}")
+
+
+def _lifetime_seconds(lifetime: float) -> int:
+    return max(1, min(MAX_LIFETIME, math.ceil(lifetime)))
+
+
+def _whole_seconds(timeout: float) -> int:
+    """Modal takes exec timeouts in whole seconds; round up so a command never gets less time."""
+    return max(1, math.ceil(timeout))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _owner_is_dead(tags: Mapping[str, str]) -> bool:
+    """True if the tags name a process on this host (not ourselves) that no longer exists."""
+    host, _, pid = tags.get(TAG_OWNER, "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    return not _pid_alive(int(pid))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
