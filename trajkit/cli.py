@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from pydantic import ValidationError
 
 from trajkit import __version__
-from trajkit.config import RunConfig
+from trajkit.config import ConfigFileError, RunConfig, read_config_file
 from trajkit.manager import PluginError, PluginHost, load_plugins
 
 log = logging.getLogger("trajkit")
@@ -83,6 +84,12 @@ def cli() -> None:
 
 
 @cli.command()
+@option(
+    "config",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    help="TOML or YAML file with any of these settings and more; flags override it.",
+)
 @option("dataset_file", type=click.Path(path_type=Path), help='JSONL file, one {"prompt": ...} per line.')
 @option("run_name", help="Names the run directory under --output_dir.")
 @option("output_dir", type=click.Path(path_type=Path), default=Path("data"), show_default=True)
@@ -154,20 +161,28 @@ def run(ctx: click.Context, **flags: Any) -> None:
     if flags.pop("list_distributions"):
         print_distributions(host)
         return
-    for required in ("dataset_file", "run_name"):
-        if not flags.get(required):
-            raise click.UsageError(f"--{required} is required")
-    prefill = flags.pop("prefill_messages_file")
-    flags["prefill_messages"] = read_prefill(prefill) if prefill else []
-    flags["writers"] = list(flags["writers"]) or ["sharegpt"]
-    for key in ("filters", "disabled_filters"):
-        flags[key] = list(flags[key])
-    if flags["system_prompt"] is None:
-        flags.pop("system_prompt")
+    config_path = flags.pop("config")
     try:
-        config = RunConfig(**flags)
+        from_file = read_config_file(config_path) if config_path else {}
+    except ConfigFileError as exc:
+        raise click.UsageError(str(exc)) from None
+    explicit = {name for name in flags if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
+    for key in ("filters", "disabled_filters", "writers"):
+        flags[key] = list(flags[key])
+    settings = {**flags, **{k: v for k, v in from_file.items() if k not in explicit}}
+    for required in ("dataset_file", "run_name"):
+        if not settings.get(required):
+            raise click.UsageError(f"--{required} is required (on the command line or in --config)")
+    prefill = settings.pop("prefill_messages_file", None)
+    settings["prefill_messages"] = read_prefill(Path(prefill)) if prefill else []
+    settings["writers"] = settings["writers"] or ["sharegpt"]
+    if settings.get("system_prompt") is None:
+        settings.pop("system_prompt", None)
+    try:
+        config = RunConfig(**settings)
     except ValidationError as exc:
-        raise click.UsageError(_describe(exc)) from None
+        where = {k: f"{config_path}: {k}" for k in from_file if k not in explicit}
+        raise click.UsageError(_describe(exc, where)) from None
     ctx.exit(execute(config, host))
 
 
@@ -211,8 +226,15 @@ def read_prefill(path: Path) -> list[dict[str, Any]]:
     return messages
 
 
-def _describe(exc: ValidationError) -> str:
-    return "; ".join(f"--{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+def _describe(exc: ValidationError, where: dict[str, str]) -> str:
+    """Each problem with its place: the flag, or the file and key it came from."""
+    problems = []
+    for error in exc.errors():
+        path = ".".join(map(str, error["loc"]))
+        top = str(error["loc"][0]) if error["loc"] else ""
+        place = f"{where[top]}{path[len(top) :]}" if top in where else f"--{path}"
+        problems.append(f"{place}: {error['msg']}")
+    return "; ".join(problems)
 
 
 def print_distributions(host: PluginHost) -> None:

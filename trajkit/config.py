@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fnmatch
 import re
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +33,18 @@ OUTPUT_AFFECTING = (
     "max_tokens",
     "temperature",
 )
+
+
+class Route(BaseModel):
+    """Rows whose image matches ``image`` (a shell-style pattern) run on ``backend``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str
+    backend: str
+
+    def matches(self, image: str | None) -> bool:
+        return fnmatch.fnmatchcase(image or "", self.image)
 
 
 class RunConfig(BaseModel):
@@ -91,7 +105,14 @@ class RunConfig(BaseModel):
 
     filters: list[str] = []
     disabled_filters: list[str] = []
+    filter_options: dict[str, dict[str, Any]] = {}
+    """Filter name -> keyword options for that filter's constructor."""
     writers: list[str] = ["sharegpt"]
+
+    distributions: dict[str, dict[str, float]] = {}
+    """Distributions defined in the configuration file: name -> toolset -> probability."""
+    routes: list[Route] = []
+    """Rules choosing the backend of rows that name none, tried in order before the defaults."""
 
     @field_validator("run_name")
     @classmethod
@@ -112,3 +133,36 @@ class RunConfig(BaseModel):
         data["ephemeral_system_prompt_used"] = self.ephemeral_system_prompt is not None
         data["prefill_messages_used"] = len(self.prefill_messages)
         return data
+
+
+class ConfigFileError(ValueError):
+    """The configuration file cannot be read; the message names the file and the key."""
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Settings from a TOML or YAML file, keys in either spelling (``max_turns`` or ``max-turns``).
+
+    Keys are checked against :class:`RunConfig` when the run's configuration is built, so an
+    unknown key is reported with its place in the file.
+    """
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigFileError(f"{path}: {exc.strerror}") from None
+    if path.suffix in {".yaml", ".yml"}:
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigFileError(f"{path}: YAML needs PyYAML (pip install pyyaml), or use TOML") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigFileError(f"{path}: {exc}") from None
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigFileError(f"{path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"{path}: expected a table of settings at the top level")
+    return {str(key).replace("-", "_"): value for key, value in data.items()}

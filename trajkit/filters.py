@@ -22,6 +22,10 @@ class TrajectoryFilter(ABC):
     description: ClassVar[str] = ""
     enabled_by_default: ClassVar[bool] = True
 
+    def __init__(self, **options: Any) -> None:
+        """``options`` come from the configuration file's ``[filter_options.NAME]`` table."""
+        self.options = options
+
     @abstractmethod
     def check(self, record: Record) -> str | None:
         """Return None to keep the record, or a short reason a person can read to reject it."""

@@ -97,7 +97,16 @@ class Runner:
     # -- configuration -----------------------------------------------------------------------------
 
     def _distribution(self) -> Distribution:
-        distributions = self.host.distributions
+        distributions = dict(self.host.distributions)
+        for name, probabilities in self.config.distributions.items():
+            if name in distributions:
+                raise RunError(
+                    f"distribution {name!r} of the configuration file is also registered by a plugin"
+                )
+            try:
+                distributions[name] = Distribution(name, "from the configuration file", probabilities)
+            except ValueError as exc:
+                raise RunError(str(exc)) from None
         if self.config.distribution not in distributions:
             raise RunError(
                 f"unknown distribution {self.config.distribution!r}; available: {', '.join(sorted(distributions))}"
@@ -111,11 +120,12 @@ class Runner:
 
     def _filters(self) -> list[TrajectoryFilter]:
         registered = self.host.filters
-        unknown = sorted(set(self.config.filters + self.config.disabled_filters) - set(registered))
+        named = set(self.config.filters + self.config.disabled_filters) | set(self.config.filter_options)
+        unknown = sorted(named - set(registered))
         if unknown:
             raise RunError(f"unknown filter(s) {unknown}; available: {', '.join(sorted(registered))}")
         chosen = [
-            cls()
+            cls(**self.config.filter_options.get(name, {}))
             for name, cls in sorted(registered.items())
             if (cls.enabled_by_default or name in self.config.filters)
             and name not in self.config.disabled_filters
@@ -205,6 +215,9 @@ class Runner:
         return routes, errors
 
     def _default_backend(self, image: str | None) -> str:
+        for route in self.config.routes:
+            if route.matches(image):
+                return route.backend
         if not image:
             return self.config.sandbox
         for name, backend_class in sorted(self.host.backends.items()):
