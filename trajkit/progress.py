@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 log = logging.getLogger("trajkit")
@@ -24,7 +25,8 @@ class Counters:
     in_flight: int = 0
     tokens: int = 0
     cost: float = 0.0
-    last_error: str = ""
+    errors: deque[str] = field(default_factory=lambda: deque(maxlen=3))
+    """The latest errors, one line each."""
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
@@ -62,8 +64,7 @@ class Reporter:
 
             class _View:
                 def __rich__(self) -> Text:
-                    error = f"\nlast error: {counters.last_error}" if counters.last_error else ""
-                    return Text(counters.line() + error)
+                    return Text("\n".join([counters.line(), *(f"  ! {e}" for e in counters.errors)]))
 
             live = Live(_View(), console=Console(stderr=True), refresh_per_second=4, transient=False)
             live.start()
@@ -79,5 +80,5 @@ class Reporter:
     def __exit__(self, *_: object) -> None:
         if self.live is not None:
             self.live.stop()  # type: ignore[attr-defined]
-        if not self.quiet:
+        elif not self.quiet:
             log.info("%s", self.counters.line())

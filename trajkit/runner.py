@@ -391,7 +391,7 @@ class Runner:
                 "time": datetime.now(UTC).isoformat(),
             }
         )
-        self.counters.last_error = f"{failure.error_class}: {str(failure)[:160]}"
+        self.counters.errors.append(f"prompt {item.index}: {failure.error_class}: {str(failure)[:160]}")
         if failure.stops_run:
             return  # said once, by the stop itself
         prefix = item.row.prompt[: self.config.log_prefix_chars]
