@@ -8,9 +8,11 @@ then ``bash scripts/engines/docker.sh images``. Without them these tests skip, u
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import subprocess
 import sys
+import tarfile
 import textwrap
 import time
 import uuid
@@ -118,8 +120,10 @@ def container_state(client: Any, container_id: str) -> str | None:
 
     try:
         return str(client.api.inspect_container(container_id)["State"]["Status"])
-    except docker.errors.NotFound:
-        return None
+    except docker.errors.APIError as exc:
+        if exc.status_code == 404 or "no such container" in str(exc).lower():  # podman: 500 mid-removal
+            return None
+        raise
 
 
 @pytest.mark.engine("docker")
@@ -153,7 +157,7 @@ def test_verify_image_returns_a_digest_and_info_reports_it(docker_engine: None) 
     async def body() -> None:
         backend = make_backend(pull="never")
         digest = await backend.verify_image(BUSYBOX)
-        assert digest and digest.startswith("sha256:")
+        assert digest and "sha256:" in digest
         sandbox = await backend.create(spec())
         try:
             info = sandbox.info
@@ -343,6 +347,57 @@ def test_files_in_odd_places(docker_engine: None) -> None:
                 await sandbox.write_file("/tmp/deep", b"y")
         finally:
             await sandbox.close()
+            await backend.aclose()
+
+    asyncio.run(body())
+
+
+@pytest.fixture
+def image_without_shell(client: Any) -> Iterator[str]:
+    """An image holding one text file and nothing else, made locally and removed afterwards."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("hello.txt")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"hi\n"))
+    tag = uuid.uuid4().hex[:8]
+    client.api.import_image_from_data(buffer.getvalue(), repository="trajkit-test/no-shell", tag=tag)
+    yield f"trajkit-test/no-shell:{tag}"
+    client.images.remove(f"trajkit-test/no-shell:{tag}", force=True)
+
+
+@pytest.fixture
+def image_without_setsid(client: Any) -> Iterator[str]:
+    """The python image less setsid (Debian's BusyBox would run its applet even without the link)."""
+    need_engine("docker", _unavailable(PYTHON))
+    tag = uuid.uuid4().hex[:8]
+    donor = client.containers.run(PYTHON, ["rm", "-f", "/usr/bin/setsid"], detach=True)
+    donor.wait(timeout=30)
+    donor.commit(repository="trajkit-test/no-setsid", tag=tag)
+    donor.remove(force=True)
+    yield f"trajkit-test/no-setsid:{tag}"
+    client.images.remove(f"trajkit-test/no-setsid:{tag}", force=True)
+
+
+@pytest.mark.engine("docker")
+@pytest.mark.parametrize(
+    ("image_fixture", "reason"),
+    [("image_without_shell", "/bin/sh"), ("image_without_setsid", "lacks setsid")],
+)
+def test_images_without_the_needed_tools_are_refused(
+    request: pytest.FixtureRequest, image_fixture: str, reason: str
+) -> None:
+    image = request.getfixturevalue(image_fixture)
+
+    async def body() -> None:
+        backend = make_backend(pull="never")
+        sandbox_spec = spec(image)
+        try:
+            with pytest.raises(ImageUnavailable, match=reason):
+                await backend.create(sandbox_spec)
+            assert run_labelled(sandbox_spec.run_id) == []
+        finally:
+            await backend.reap(sandbox_spec.run_id)
             await backend.aclose()
 
     asyncio.run(body())

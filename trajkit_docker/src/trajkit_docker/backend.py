@@ -1,0 +1,284 @@
+"""The ``docker`` sandbox backend: one fresh container per prompt, from the prompt's image.
+
+Containers are made to die by themselves: their main process sleeps for the sandbox's lifetime and
+the engine removes them when it exits, so a runner that crashes (or is killed with SIGKILL) leaves
+nothing behind for long. Labels record the run, the owner process and the deadline, so that
+:meth:`DockerBackend.reap` can clean up sooner at the start of the next run.
+
+Works against dockerd and against podman's Docker-compatible service (``DOCKER_HOST=unix://...``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import os
+import posixpath
+import re
+import socket
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar, TypeVar
+
+from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxError, SandboxInfo, SandboxSpec
+from trajkit_docker.archive import pack_directory
+from trajkit_docker.engine import ContainerSummary, Engine, api_message, translated
+from trajkit_docker.options import DockerOptions
+from trajkit_docker.sandbox import STATE_DIR, DockerSandbox
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DEFAULT_CWD = "/work"
+CONTROL_THREADS = 32
+"""Worker threads for short engine calls; exec streams have threads of their own."""
+
+# Tools that the exec wrapper, the killer and KEEPALIVE need from the image besides /bin/sh.
+REQUIRED_TOOLS = ("setsid", "kill", "sleep", "mv", "rm", "cat")
+CHECK_TOOLS = 'for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
+
+# PID 1 of every sandbox. It sleeps in the background and waits, so that it also reaps the orphans
+# left when an exec's process group is killed (zombies would count against pids_limit). A sleep
+# killed by a command (`pkill sleep`) is restarted for the time left; once the lifetime is over the
+# shell exits and the engine removes the container. Argument: $1 = lifetime in seconds.
+KEEPALIVE = """\
+trap 'exit 0' TERM INT
+now() { date +%s 2>/dev/null || echo 0; }
+end=$(($(now) + $1))
+while left=$((end - $(now))) && [ "$left" -gt 0 ]; do sleep "$left" & wait; done
+"""
+
+
+class DockerBackend(SandboxBackend):
+    """Sandboxes in Docker (or podman) containers, isolated from the network by default."""
+
+    name: ClassVar[str] = "docker"
+    image_based: ClassVar[bool] = True
+    description: ClassVar[str] = (
+        "one container per prompt; options: network (none|host|bridge), cpus, memory, pids_limit, "
+        "pull (missing|always|never), pull_timeout"
+    )
+
+    def __init__(self, options: Mapping[str, object] | None = None) -> None:
+        super().__init__(options)
+        self.settings = DockerOptions.parse(self.options)
+        self._engine: Engine | None = None
+        self._engine_lock: asyncio.Lock | None = None
+        self._executor = ThreadPoolExecutor(CONTROL_THREADS, thread_name_prefix="trajkit-docker")
+        self._digests: dict[str, str | None] = {}
+        self._tools_checked: set[str] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._owner = f"{socket.gethostname()}:{os.getpid()}"
+
+    # Plumbing
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking engine call on a worker thread, keeping the event loop free."""
+        loop = asyncio.get_running_loop()
+        try:
+            future = loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        except RuntimeError as exc:
+            raise SandboxError("docker: the backend is closed") from exc
+        return await future
+
+    def in_background(self, coro: Coroutine[Any, Any, T], what: str) -> asyncio.Task[T]:
+        """Run ``coro`` without awaiting it, keeping it referenced and logging its failure."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+
+        def done(finished: asyncio.Task[T]) -> None:
+            self._background.discard(finished)
+            if not finished.cancelled() and finished.exception() is not None:
+                log.debug("%s failed: %s", what, finished.exception())
+
+        task.add_done_callback(done)
+        return task
+
+    async def engine(self) -> Engine:
+        """The shared engine client, connected on first use."""
+        if self._engine is None:
+            if self._engine_lock is None:
+                self._engine_lock = asyncio.Lock()
+            async with self._engine_lock:
+                if self._engine is None:
+                    self._engine = await self.call(Engine.connect)
+        return self._engine
+
+    # Images
+
+    async def verify_image(self, image: str) -> str | None:
+        engine = await self.engine()
+        digest = None
+        if self.settings.pull != "always":
+            digest = await self.call(engine.image_digest, image)
+        if digest is None:
+            digest = await self._pull(engine, image)
+        self._digests[image] = digest
+        return digest
+
+    async def _pull(self, engine: Engine, image: str) -> str:
+        """Pull per the policy; under ``always`` a failed pull falls back to a local copy."""
+        local = await self.call(engine.image_digest, image) if self.settings.pull == "always" else None
+        if self.settings.pull == "never":
+            raise ImageUnavailable(
+                f"image {image!r} not found locally and pulling is off (docker.pull=never)"
+            )
+        timeout = self.settings.pull_timeout
+        log.info("pulling image %s (at most %.0fs)", image, timeout)
+        try:
+            error = await asyncio.wait_for(self.call(engine.pull, image, time.monotonic() + timeout), timeout)
+        except TimeoutError:
+            error = f"no result within {timeout:.0f}s (docker.pull_timeout)"
+        digest = await self.call(engine.image_digest, image)
+        if digest is not None:
+            return digest
+        if local is not None:
+            log.warning("pulling %s failed (%s); using the local image", image, error)
+            return local
+        raise ImageUnavailable(
+            f"image {image!r} not found locally and pull failed: {error or 'unknown error'}"
+        )
+
+    # Sandboxes
+
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        if not spec.image:
+            raise SandboxError("the docker backend needs an image: give the row an 'image' field")
+        engine = await self.engine()
+        if spec.image not in self._digests:
+            await self.verify_image(spec.image)
+        cwd = posixpath.normpath(posixpath.join("/", spec.cwd or DEFAULT_CWD))
+        lifetime = max(1, math.ceil(spec.lifetime))
+        config = self._container_config(spec, cwd, lifetime)
+        command = ["/bin/sh", "-c", KEEPALIVE, "trajkit-sandbox", str(lifetime)]
+        creation = asyncio.ensure_future(self._create_container(engine, spec.image, command, config))
+        try:
+            container_id = await asyncio.shield(creation)
+        except asyncio.CancelledError:
+            self.in_background(self._discard(engine, creation), "removing a container created too late")
+            raise
+        if spec.image not in self._tools_checked:
+            await self._check_tools(engine, container_id, spec.image)
+        info = SandboxInfo(self.name, spec.image, self._digests.get(spec.image))
+        return DockerSandbox(self, engine, container_id, cwd, info)
+
+    async def _check_tools(self, engine: Engine, container_id: str, image: str) -> None:
+        """Once per image: refuse images that lack what timeouts and cleanup depend on."""
+        argv = ["/bin/sh", "-c", CHECK_TOOLS, "trajkit-check", *REQUIRED_TOOLS]
+        try:
+            with translated(f"checking the tools of {image!r}"):
+                _, missing = await self.call(engine.run_helper, container_id, argv)
+            if missing.split():
+                raise ImageUnavailable(
+                    f"image {image!r} lacks {', '.join(missing.split())}, which the docker backend needs "
+                    "to enforce timeouts (BusyBox or coreutils/util-linux provide them)"
+                )
+        except BaseException:
+            await self.call(engine.remove_container, container_id)
+            raise
+        self._tools_checked.add(image)
+
+    async def _create_container(
+        self, engine: Engine, image: str, command: list[str], config: Mapping[str, Any]
+    ) -> str:
+        import docker.errors
+
+        state_dir = pack_directory(STATE_DIR.lstrip("/"), 0o1777)
+        with translated(f"starting a container from {image!r}"):
+            try:
+                return await self.call(
+                    engine.create_container, image=image, command=command, config=config, files=state_dir
+                )
+            except docker.errors.ImageNotFound as exc:
+                raise ImageUnavailable(f"image {image!r} is not present on the engine") from exc
+            except docker.errors.APIError as exc:
+                if "/bin/sh" in api_message(exc):
+                    raise ImageUnavailable(
+                        f"image {image!r} has no usable /bin/sh: {api_message(exc)}"
+                    ) from exc
+                raise
+
+    async def _discard(self, engine: Engine, creation: asyncio.Future[str]) -> None:
+        """Remove the container of a ``create`` whose caller was cancelled while the engine worked."""
+        try:
+            container_id = await creation
+        except BaseException:
+            return
+        await self.call(engine.remove_container, container_id)
+
+    def _container_config(self, spec: SandboxSpec, cwd: str, lifetime: int) -> dict[str, Any]:
+        """Arguments for the engine's create call: labels, working dir, network and limits."""
+        labels = {
+            "trajkit": "1",
+            "trajkit.run": spec.run_id,
+            "trajkit.work": spec.work_id,
+            "trajkit.owner": self._owner,
+            "trajkit.deadline": str(int(time.time()) + lifetime),
+        }
+        host: dict[str, Any] = {"auto_remove": True, "network_mode": self.settings.network}
+        if self.settings.cpus is not None:
+            host["nano_cpus"] = int(self.settings.cpus * 1e9)
+        if self.settings.memory is not None:
+            host["mem_limit"] = self.settings.memory
+        if self.settings.pids_limit is not None:
+            host["pids_limit"] = self.settings.pids_limit
+        container = {
+            "labels": labels,
+            "working_dir": cwd,
+            "environment": dict(spec.env),
+            "name": container_name(spec),
+        }
+        return {"host": host, "container": container}
+
+    # Cleanup
+
+    async def reap(self, run_id: str | None = None) -> int:
+        engine = await self.engine()
+        with translated("listing trajkit containers"):
+            containers = await self.call(engine.list_containers, ["trajkit=1"])
+        doomed = [c for c in containers if (run_id and c.labels.get("trajkit.run") == run_id) or abandoned(c)]
+        with translated("removing leftover containers"):
+            removed = await asyncio.gather(*(self.call(engine.remove_container, c.id) for c in doomed))
+        if doomed:
+            log.info("removed %d leftover container(s)", sum(removed))
+        return sum(removed)
+
+    async def aclose(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await self.call(engine.close)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def abandoned(container: ContainerSummary, now: float | None = None) -> bool:
+    """True if nobody will close ``container``: its deadline passed or its owner (on this host) died."""
+    deadline = container.labels.get("trajkit.deadline", "")
+    if deadline.isdigit() and int(deadline) < (now if now is not None else time.time()):
+        return True
+    host, _, pid = container.labels.get("trajkit.owner", "").rpartition(":")
+    return host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid))
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def container_name(spec: SandboxSpec) -> str:
+    """A readable, unique name (``trajkit-RUN-WORK-xxxxxxxx``) within the engine's allowed characters."""
+
+    def slug(text: str) -> str:
+        return re.sub(r"[^a-zA-Z0-9_.-]+", "-", text).strip("-.")[:40] or "x"
+
+    return f"trajkit-{slug(spec.run_id)}-{slug(spec.work_id)}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,265 @@
+"""Blocking calls to the Docker Engine API, with engine errors turned into trajkit's exceptions.
+
+Everything here blocks, so the async layer runs each call in a worker thread. The ``docker`` SDK is
+imported inside the functions that need it: importing this package (for example to list plugins)
+must not require the SDK, nor pay for importing it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from trajkit.sandbox import ImageUnavailable, SandboxError
+
+POOL_SIZE = 128
+"""Connections kept to the engine; each running exec holds one for as long as it streams."""
+REMOVE_WAIT = 15.0
+"""Seconds to wait for a removal that the engine reports as already in progress."""
+
+
+@contextmanager
+def translated(action: str) -> Iterator[None]:
+    """Turn SDK and transport failures into :class:`SandboxError` saying what was being done."""
+    import docker.errors
+    import requests.exceptions
+
+    try:
+        yield
+    except docker.errors.APIError as exc:
+        raise SandboxError(f"docker: {action} failed: {api_message(exc)}") from exc
+    except docker.errors.DockerException as exc:
+        raise SandboxError(f"docker: {action} failed: {exc}") from exc
+    except requests.exceptions.RequestException as exc:
+        raise SandboxError(
+            f"docker: {action} failed, engine unreachable ({engine_address()}): {exc}"
+        ) from exc
+
+
+def api_message(exc: Any) -> str:
+    """The engine's own words for an API error, without the SDK's URL noise."""
+    explanation = getattr(exc, "explanation", None)
+    if isinstance(explanation, bytes):
+        explanation = explanation.decode("utf-8", "replace")
+    return str(explanation or exc).strip()
+
+
+def no_such_container(exc: Any) -> bool:
+    """True for "not found", which podman may also report as a 500 while it removes a container."""
+    import docker.errors
+
+    return isinstance(exc, docker.errors.NotFound) or "no such container" in api_message(exc).lower()
+
+
+def engine_address() -> str:
+    return os.environ.get("DOCKER_HOST") or "default socket /var/run/docker.sock"
+
+
+@dataclass(frozen=True)
+class ContainerSummary:
+    id: str
+    labels: Mapping[str, str]
+    state: str
+
+
+class Engine:
+    """One SDK client shared by a backend and all its sandboxes (the SDK client is thread-safe)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.api = client.api
+
+    @classmethod
+    def connect(cls) -> Engine:
+        """Connect as ``docker`` would (DOCKER_HOST, or the default socket) and check it answers."""
+        import docker
+
+        with translated(f"connecting to the engine at {engine_address()}"):
+            client = docker.from_env(max_pool_size=POOL_SIZE)
+            try:
+                client.ping()
+            except BaseException:
+                client.close()
+                raise
+        return cls(client)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # Images
+
+    def image_digest(self, image: str) -> str | None:
+        """The image's repo digest (or its id for local-only images); None when it is not present."""
+        import docker.errors
+
+        with translated(f"inspecting image {image!r}"):
+            try:
+                attrs = self.api.inspect_image(image)
+            except docker.errors.ImageNotFound:
+                return None
+            except docker.errors.APIError as exc:
+                if exc.status_code == 400:
+                    raise ImageUnavailable(
+                        f"image {image!r} is not a valid reference: {api_message(exc)}"
+                    ) from exc
+                raise
+        digests = attrs.get("RepoDigests") or []
+        return str(digests[0]) if digests else str(attrs.get("Id"))
+
+    def pull(self, image: str, deadline: float) -> str | None:
+        """Pull ``image``, stopping at ``deadline`` (monotonic); return the engine's error, if any.
+
+        Progress is streamed so the deadline is checked between messages: a slow pull cannot keep
+        a worker thread busy long past the point where its caller gave up.
+        """
+        import docker.errors
+
+        error: str | None = None
+        try:
+            for message in self.api.pull(image, stream=True, decode=True):
+                if isinstance(message, dict) and message.get("error"):
+                    error = str(message["error"])
+                if time.monotonic() > deadline:
+                    return "pull timed out"
+        except docker.errors.APIError as exc:
+            return api_message(exc)
+        except docker.errors.DockerException as exc:
+            return str(exc)
+        except OSError as exc:
+            return f"engine unreachable: {exc}"
+        return error
+
+    # Containers
+
+    def create_container(
+        self, *, image: str, command: Sequence[str], config: Mapping[str, Any], files: bytes
+    ) -> str:
+        """Create and start a container, then extract ``files`` (a tar) at its root; remove it on failure.
+
+        Raises ``docker.errors.ImageNotFound`` for a missing image: the engine never pulls here.
+        """
+        host_config = self.api.create_host_config(**config["host"])
+        created = self.api.create_container(
+            image,
+            command=list(command),
+            detach=True,
+            host_config=host_config,
+            **config["container"],
+        )
+        container_id = str(created["Id"])
+        try:
+            self.api.start(container_id)
+            self.put_archive(container_id, "/", files)
+        except BaseException:
+            self.remove_container(container_id)
+            raise
+        return container_id
+
+    def remove_container(self, container_id: str) -> bool:
+        """Force-remove a container; True if it existed. Returns once the engine no longer lists it."""
+        import docker.errors
+
+        try:
+            self.api.remove_container(container_id, force=True, v=True)
+            return True
+        except docker.errors.APIError as exc:
+            if no_such_container(exc):
+                return False
+            if exc.status_code != 409:
+                raise
+        # 409: an auto-removal (the lifetime ran out) is already in progress; wait for it.
+        give_up = time.monotonic() + REMOVE_WAIT
+        while time.monotonic() < give_up:
+            if not self.api.containers(all=True, filters={"id": container_id}):
+                return True
+            time.sleep(0.1)
+        raise SandboxError(f"docker: container {container_id[:12]} is still being removed")
+
+    def list_containers(self, labels: Sequence[str]) -> list[ContainerSummary]:
+        found = self.api.containers(all=True, filters={"label": list(labels)})
+        return [
+            ContainerSummary(id=str(item["Id"]), labels=item.get("Labels") or {}, state=item.get("State", ""))
+            for item in found
+        ]
+
+    # Exec
+
+    def exec_create(self, container_id: str, argv: Sequence[str], env: Mapping[str, str]) -> str:
+        created = self.api.exec_create(
+            container_id,
+            list(argv),
+            stdout=True,
+            stderr=True,
+            stdin=False,
+            tty=False,
+            environment=[f"{key}={value}" for key, value in env.items()],
+        )
+        return str(created["Id"])
+
+    def exec_stream(self, exec_id: str) -> Any:
+        """Start an exec; returns an iterator of ``(stdout, stderr)`` chunks with a ``close()``."""
+        return self.api.exec_start(exec_id, stream=True, demux=True)
+
+    def exec_exit_code(self, exec_id: str, wait: float = 5.0) -> int:
+        """The exit code once the engine has recorded it (shortly after the stream ends)."""
+        give_up = time.monotonic() + wait
+        while True:
+            state = self.api.exec_inspect(exec_id)
+            if not state.get("Running") and state.get("ExitCode") is not None:
+                return int(state["ExitCode"])
+            if time.monotonic() > give_up:
+                raise SandboxError("docker: exec ended its output but the engine reports no exit code")
+            time.sleep(0.02)
+
+    def run_helper(self, container_id: str, argv: Sequence[str]) -> tuple[int, str]:
+        """Run a short helper command to completion; its exit code and stdout."""
+        exec_id = self.exec_create(container_id, argv, {})
+        stdout, _ = self.api.exec_start(exec_id, demux=True)
+        return self.exec_exit_code(exec_id), (stdout or b"").decode("utf-8", "replace")
+
+    # Files
+
+    def put_archive(self, container_id: str, directory: str, archive: bytes) -> bool:
+        """Extract ``archive`` into ``directory``; False if that directory does not exist.
+
+        By default the engine silently replaces a directory (with all it holds) by a file of the same
+        name; ``noOverwriteDirNonDir`` makes that an error instead. The SDK's ``put_archive`` cannot
+        pass the parameter, hence the request is made with the SDK's own request helpers.
+        """
+        import docker.errors
+
+        url = self.api._url("/containers/{0}/archive", container_id)
+        params = {"path": directory, "noOverwriteDirNonDir": "true"}
+        try:
+            self.api._raise_for_status(self.api._put(url, params=params, data=archive))
+        except docker.errors.NotFound:
+            return False
+        return True
+
+    def get_archive(self, container_id: str, path: str) -> tuple[bytes, Mapping[str, Any]] | None:
+        """The tar of ``path`` and its stat; None if it does not exist.
+
+        A directory's content is not fetched (its tar could be huge): the archive is then empty.
+        """
+        import docker.errors
+
+        try:
+            chunks, stat = self.api.get_archive(container_id, path, chunk_size=None)
+        except docker.errors.NotFound:
+            return None
+        if is_directory(stat):
+            chunks.close()
+            return b"", stat
+        return b"".join(chunks), stat
+
+
+GO_MODE_DIR = 1 << 31
+"""``os.ModeDir`` in the Go file mode the engine reports in an archive's stat header."""
+
+
+def is_directory(stat: Mapping[str, Any]) -> bool:
+    return bool(int(stat.get("mode", 0)) & GO_MODE_DIR)
