@@ -1,0 +1,119 @@
+"""Whole runs that mix local and Docker rows on a real engine: routing, image checks, no leaks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import read_jsonl, trajkit, write_jsonl
+from trajkit.testing.engines import need_engine
+from trajkit.testing.openai_server import OpenAITestServer
+from trajkit.testing.policies import dialect_policy
+
+BUSYBOX = "trajkit-test/busybox:latest"
+MISSING = "trajkit-test/does-not-exist:nope"
+
+
+def _docker_client() -> Any:
+    import docker
+
+    return docker.from_env(timeout=30)
+
+
+def _why_unavailable() -> str | None:
+    try:
+        import trajkit_docker  # noqa: F401
+
+        client = _docker_client()
+        client.ping()
+        client.images.get(BUSYBOX)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc} (bash scripts/engines/docker.sh start && ... images)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def docker_client() -> Any:
+    need_engine("docker", _why_unavailable())
+    return _docker_client()
+
+
+def containers_of(client: Any, run_name: str) -> list[Any]:
+    return [
+        c
+        for c in client.containers.list(all=True, filters={"label": "trajkit=1"})
+        if c.labels.get("trajkit.run", "").startswith(f"{run_name}-")
+    ]
+
+
+def run_args(dataset: Path, out: Path, base_url: str, run_name: str, *extra: str) -> list[str]:
+    return [
+        "run", "--dataset_file", str(dataset), "--run_name", run_name, "--output_dir", str(out),
+        "--model", "m", "--base_url", base_url, "--distribution", "terminal_only", "--num_workers", "8",
+        "--sandbox_option", "docker.pull=never", "--quiet", *extra,
+    ]  # fmt: skip
+
+
+def test_mixed_local_and_docker_rows_with_one_bad_image(tmp_path: Path, docker_client: Any) -> None:
+    rows: list[dict[str, Any]] = []
+    for i in range(10):
+        rows.append({"prompt": f"local task {i}"})
+        rows.append({"prompt": f"container task {i}", "image": BUSYBOX, "cwd": "/srv/app"})
+    rows.append({"prompt": "needs an image nobody has", "image": MISSING})
+    dataset = write_jsonl(tmp_path / "p.jsonl", rows)
+    server = OpenAITestServer(dialect_policy)
+    with server:
+        result = trajkit(*run_args(dataset, tmp_path, server.base_url, "mixed"))
+    assert result.returncode == 1, result.stderr
+    assert "needs an image nobody has" not in json.dumps([r.body for r in server.requests])
+
+    run_dir = tmp_path / "mixed"
+    records = read_jsonl(run_dir / "trajectories.jsonl")
+    assert len(records) == 20
+    by_backend = {r["conversations"][1]["value"]: r["sandbox"] for r in records}
+    for i in range(10):
+        assert by_backend[f"local task {i}"]["backend"] == "local"
+        docker_sandbox = by_backend[f"container task {i}"]
+        assert (docker_sandbox["backend"], docker_sandbox["image"]) == ("docker", BUSYBOX)
+        assert docker_sandbox["digest"]
+    in_container = next(r for r in records if r["conversations"][1]["value"] == "container task 0")
+    tool_results = [t["value"] for t in in_container["conversations"] if t["from"] == "tool"]
+    assert "notes.txt" in tool_results[1] and "Task: container task 0" in tool_results[2]
+
+    failures = read_jsonl(run_dir / "failures.jsonl")
+    assert [(f["prompt_index"], f["error_class"]) for f in failures] == [(20, "image_unavailable")]
+    assert MISSING in failures[0]["message"]
+    assert containers_of(docker_client, "mixed") == []
+
+
+def test_the_reaper_removes_containers_of_a_killed_run(tmp_path: Path, docker_client: Any) -> None:
+    rows = [{"prompt": f"slow container task {i}", "image": BUSYBOX} for i in range(6)]
+    dataset = write_jsonl(tmp_path / "p.jsonl", rows)
+    server = OpenAITestServer(dialect_policy, latency=1.5)
+    with server:
+        args = run_args(dataset, tmp_path, server.base_url, "orphans")
+        process = subprocess.Popen([sys.executable, "-m", "trajkit", *args], stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(containers_of(docker_client, "orphans")) < 6:
+            time.sleep(0.2)
+        orphans = {c.id for c in containers_of(docker_client, "orphans")}
+        assert len(orphans) == 6, "containers should be alive while sessions are in flight"
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        time.sleep(0.5)
+        assert {c.id for c in containers_of(docker_client, "orphans")} == orphans, "SIGKILL leaves them"
+
+        server.latency = 0.0
+        resumed = trajkit(*run_args(dataset, tmp_path, server.base_url, "orphans", "--resume"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "removed 6 sandboxes left behind" in resumed.stderr
+    assert containers_of(docker_client, "orphans") == []
+    assert len(read_jsonl(tmp_path / "orphans" / "trajectories.jsonl")) == 6
