@@ -1,0 +1,309 @@
+"""The Apptainer/Singularity sandbox backend: one isolated instance per prompt.
+
+Each sandbox is ``apptainer instance start --containall --no-home --net --network none --overlay DIR``
+of the prompt's image (or ``--writable-tmpfs`` instead of the overlay), with a fresh host directory
+bound as its working directory.
+The instance is stopped when the prompt ends; a detached watchdog stops it when its lifetime is over
+even if trajkit died; and the reaper at the next start removes whatever a crash left behind.
+
+Host directories, all under the cache directory unless configured otherwise: ``<cache>/*.sif`` (remote
+references converted once), ``<cache>/locks/``, ``<cache>/digests/``, ``<cache>/apptainer/`` (Apptainer's
+own layer cache), ``<cache>/tmp/`` (build scratch), ``<cache>/programs-*/`` (the in-container helper
+programs) and ``<cache>/sandboxes/<instance>/`` (one per live sandbox: ``state.json``, ``work/`` and
+``overlay/``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import posixpath
+import re
+import secrets
+import subprocess
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from trajkit.sandbox import ImageUnavailable, Sandbox, SandboxBackend, SandboxError, SandboxInfo, SandboxSpec
+from trajkit_singularity import images, scripts
+from trajkit_singularity.engine import Apptainer, CliTimeout, client_environment
+from trajkit_singularity.instances import (
+    PREFIX,
+    InstanceState,
+    instance_name,
+    kill_watchdog,
+    start_watchdog,
+    stop_watchdog,
+)
+from trajkit_singularity.options import SingularityOptions
+from trajkit_singularity.sandbox import SingularitySandbox, remove_tree
+
+DEFAULT_CWD = "/work"
+INSPECT_TIMEOUT = 60.0
+MAX_CONCURRENT_STARTS = 8
+"""Instance starts at once: each mounts an image and forks a starter; a burst of hundreds thrashes."""
+_CWD_UNSAFE = re.compile(r"[,:\0]")
+
+
+@dataclass(frozen=True)
+class ResolvedImage:
+    path: Path
+    """What ``instance start`` is given: a SIF file or a sandbox directory."""
+    digest: str | None
+
+
+class SingularityBackend(SandboxBackend):
+    name: ClassVar[str] = "singularity"
+    image_based: ClassVar[bool] = True
+    description: ClassVar[str] = (
+        "Apptainer/Singularity instance per prompt (SIF files, sandbox directories, docker:// and other "
+        "remote references converted once into cached SIFs)"
+    )
+
+    def __init__(self, options: Mapping[str, object] | None = None) -> None:
+        super().__init__(options)
+        self.settings = SingularityOptions.parse(self.options)
+        self._engine: Apptainer | None = None
+        self._resolved: dict[str, ResolvedImage] = {}
+        self._image_locks: dict[str, asyncio.Lock] = {}
+        self._start_slots: asyncio.Semaphore | None = None
+        self._programs: Path | None = None
+
+    @property
+    def engine(self) -> Apptainer:
+        """The engine client, found on first use so that merely loading the plugin needs no binary."""
+        if self._engine is None:
+            settings = self.settings
+            binds = [settings.cache_dir, settings.tmp_dir, settings.scratch_dir]
+            self._engine = Apptainer(
+                settings.resolve_binary(),
+                client_environment(
+                    {
+                        "APPTAINER_CACHEDIR": str(settings.cache_dir / "apptainer"),
+                        "APPTAINER_TMPDIR": str(settings.tmp_dir),
+                        # Read by scripts/engines/apptainer.sh's wrapper, which runs Apptainer in a
+                        # rootfs of its own: these host paths must be visible there.
+                        "TRAJKIT_APPTAINER_BINDS": ":".join(str(path) for path in binds),
+                    }
+                ),
+            )
+        return self._engine
+
+    def owns_image(self, image: str) -> bool:
+        return images.is_remote(image) or images.is_sif_path(image) or images.is_sandbox_dir(image)
+
+    async def verify_image(self, image: str) -> str | None:
+        return (await self._resolve(image)).digest
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        if not spec.image:
+            raise SandboxError(
+                "the singularity backend needs an image: a .sif file, a sandbox directory or a remote "
+                "reference such as docker://python:3.12-slim"
+            )
+        image = await self._resolve(spec.image)
+        cwd = _container_cwd(spec.cwd)
+        engine = self.engine
+        if self._programs is None:
+            self._programs = await asyncio.to_thread(scripts.install, self.settings.cache_dir)
+        state = InstanceState.new(
+            instance_name(spec.run_id, spec.work_id), spec.run_id, spec.work_id, spec.image, spec.lifetime
+        )
+        directory = self.settings.scratch_dir / state.name
+        await asyncio.to_thread(_prepare_directory, directory, state)
+        started = False
+        watchdog: subprocess.Popen[bytes] | None = None
+        try:
+            async with self._starts():
+                await self._start_instance(state.name, image.path, directory, cwd, self._programs)
+            started = True
+            watchdog = await asyncio.to_thread(
+                start_watchdog, spec.lifetime, engine.binary, state.name, directory, engine.env
+            )
+            state = state.with_watchdog(watchdog.pid)
+            await asyncio.to_thread(state.write, directory)
+        except BaseException:
+            await asyncio.shield(self._discard(engine, state, directory, started, watchdog))
+            raise
+        return SingularitySandbox(
+            engine=engine,
+            state=state,
+            watchdog=watchdog,
+            directory=directory,
+            cwd=cwd,
+            env=spec.env,
+            info=SandboxInfo(backend=self.name, image=spec.image, digest=image.digest),
+        )
+
+    async def reap(self, run_id: str | None = None) -> int:
+        """Remove the sandboxes under this backend's scratch root whose run is ``run_id``, whose owner
+        died, or whose lifetime is over: stop the instance, end its watchdog, remove its directory.
+
+        Only sandboxes with a directory here are considered: an instance named ``trajkit-...`` without
+        one belongs to another scratch root (another user's setup, another concurrent configuration)
+        and is left alone; its own watchdog ends it when its lifetime is over.
+        """
+        engine = self.engine
+        running = await engine.instances()
+        now = time.time()
+        root = self.settings.scratch_dir
+        removed = 0
+        for name, state in sorted((await asyncio.to_thread(_read_states, root)).items()):
+            if state is not None and not state.is_leftover(run_id, now):
+                continue
+            if state is not None:
+                kill_watchdog(state.watchdog, name)
+            if name in running:
+                await engine.stop(name)
+            await asyncio.to_thread(remove_tree, root / name)
+            removed += 1
+        return removed
+
+    async def _resolve(self, image: str) -> ResolvedImage:
+        """Check (and for remote references, build) ``image`` once per backend; ImageUnavailable if not."""
+        lock = self._image_locks.setdefault(image, asyncio.Lock())
+        async with lock:
+            if image not in self._resolved:
+                if images.is_remote(image):
+                    path = await self._cached_sif(image)
+                else:
+                    path = images.local_path(image)
+                    await self._check_local(image, path)
+                digest = None
+                if path.is_file():
+                    digest = await asyncio.to_thread(images.sif_digest, path, self.settings.cache_dir)
+                self._resolved[image] = ResolvedImage(path, digest)
+            return self._resolved[image]
+
+    async def _check_local(self, image: str, path: Path) -> None:
+        if not path.exists():
+            raise ImageUnavailable(f"{image}: no such file or directory")
+        if path.is_dir() and not (path / images.SANDBOX_MARKER).is_dir():
+            raise ImageUnavailable(
+                f"{image}: a directory but not an Apptainer sandbox (no {images.SANDBOX_MARKER}); "
+                f"make one with `apptainer build --sandbox DIR SOURCE`"
+            )
+        engine = self._engine_for(path)
+        try:
+            result = await engine.run("inspect", str(path), timeout=INSPECT_TIMEOUT)
+        except CliTimeout as error:
+            raise ImageUnavailable(f"{image}: {error}") from error
+        if not result.ok:
+            raise ImageUnavailable(f"{image}: not a usable Apptainer image: {result.reason()}")
+
+    async def _cached_sif(self, reference: str) -> Path:
+        """The cached SIF of a remote reference, built under a lock shared by every process."""
+        settings = self.settings
+        target = settings.cache_dir / images.cached_sif_name(reference)
+        if target.is_file():
+            return target
+        lock = settings.cache_dir / "locks" / f"{target.name}.lock"
+        try:
+            async with images.file_lock(lock, settings.build_timeout + INSPECT_TIMEOUT):
+                if target.is_file():
+                    return target
+                await self._build(reference, target)
+        except TimeoutError as error:
+            raise ImageUnavailable(f"{reference}: {error} (another process is building it)") from error
+        return target
+
+    async def _build(self, reference: str, target: Path) -> None:
+        settings = self.settings
+        await asyncio.to_thread(settings.tmp_dir.mkdir, parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}.partial")
+        try:
+            result = await self.engine.run("build", str(partial), reference, timeout=settings.build_timeout)
+            if not result.ok:
+                raise ImageUnavailable(f"{reference}: cannot convert it to a SIF: {result.reason()}")
+            partial.replace(target)
+        except CliTimeout as error:
+            raise ImageUnavailable(f"{reference}: {error}") from error
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+
+    def _engine_for(self, path: Path) -> Apptainer:
+        """The engine client, with ``path``'s directory made visible to a wrapped Apptainer."""
+        engine = self.engine
+        env = dict(engine.env)
+        env["TRAJKIT_APPTAINER_BINDS"] = f"{env['TRAJKIT_APPTAINER_BINDS']}:{path.parent}"
+        return Apptainer(engine.binary, env)
+
+    @contextlib.asynccontextmanager
+    async def _starts(self) -> AsyncIterator[None]:
+        """Bound the instance starts in flight (the semaphore is made inside the running loop)."""
+        if self._start_slots is None:
+            self._start_slots = asyncio.Semaphore(MAX_CONCURRENT_STARTS)
+        async with self._start_slots:
+            yield
+
+    async def _start_instance(
+        self, name: str, image: Path, directory: Path, cwd: str, programs: Path
+    ) -> None:
+        settings = self.settings
+        network = [] if settings.network == "host" else ["--net", "--network", settings.network]
+        writable = (
+            ["--writable-tmpfs"]
+            if settings.writable == "tmpfs"
+            else ["--overlay", str(directory / "overlay")]
+        )
+        args = [
+            "instance", "start", "--containall", "--no-home", *network, *writable,
+            "--bind", f"{directory / 'work'}:{cwd}", "--bind", f"{programs}:{scripts.MOUNT}:ro", str(image), name,
+        ]  # fmt: skip
+        try:
+            result = await self._engine_for(image).run(*args, timeout=self.settings.start_timeout)
+        except CliTimeout as error:
+            raise SandboxError(f"instance {name}: {error}") from error
+        if not result.ok:
+            raise SandboxError(f"cannot start an instance of {image}: {result.reason()}")
+
+    async def _discard(
+        self,
+        engine: Apptainer,
+        state: InstanceState,
+        directory: Path,
+        started: bool,
+        watchdog: subprocess.Popen[bytes] | None,
+    ) -> None:
+        """Undo a half-made sandbox."""
+        if watchdog is not None:
+            await asyncio.to_thread(stop_watchdog, watchdog)
+        with contextlib.suppress(SandboxError):
+            if started or state.name in await engine.instances():
+                await engine.stop(state.name)
+        await asyncio.to_thread(remove_tree, directory)
+
+
+def _container_cwd(cwd: str | None) -> str:
+    """The working directory inside the container: absolute, normalised, bindable."""
+    path = posixpath.normpath(cwd or DEFAULT_CWD)
+    if not path.startswith("/") or path == "/" or _CWD_UNSAFE.search(path):
+        raise SandboxError(f"cwd {cwd!r}: must be an absolute directory other than / without ',' or ':'")
+    return path
+
+
+def _prepare_directory(directory: Path, state: InstanceState) -> None:
+    """Make the sandbox's directory with its state file in place from the first moment it exists
+    under its name, so a reaper never finds one without knowing its owner."""
+    partial = directory.with_name(f".partial-{directory.name}")
+    (partial / "work").mkdir(parents=True)
+    (partial / "overlay").mkdir()
+    os.chmod(partial, 0o700)
+    state.write(partial)
+    partial.rename(directory)
+
+
+def _read_states(root: Path) -> dict[str, InstanceState | None]:
+    """Every sandbox directory under ``root`` by name, with its state (None when unreadable)."""
+    if not root.is_dir():
+        return {}
+    return {
+        entry.name: InstanceState.read(entry)
+        for entry in root.iterdir()
+        if entry.is_dir() and entry.name.startswith(PREFIX)
+    }

@@ -1,0 +1,113 @@
+"""The ``--sandbox_option singularity.KEY=VALUE`` settings, parsed and checked once per run.
+
+Options arrive as strings from the command line. A typo or a bad value must stop the run before any
+model call rather than surface as an engine error in the middle of it, so every key is known and every
+value is validated here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from trajkit.sandbox import SandboxError
+
+KNOWN = (
+    "binary",
+    "cache_dir",
+    "tmp_dir",
+    "scratch_dir",
+    "network",
+    "writable",
+    "build_timeout",
+    "start_timeout",
+)
+WRITABLE = ("overlay", "tmpfs")
+_NETWORK = re.compile(r"^[A-Za-z0-9_.-]+$")
+# Apptainer's --bind splits on ',' and ':'; a path holding either cannot be bound safely.
+_BIND_UNSAFE = re.compile(r"[,:]")
+
+
+@dataclass(frozen=True)
+class SingularityOptions:
+    binary: str | None = None
+    """Apptainer or Singularity executable (name or path); found on PATH when None."""
+    cache_dir: Path = Path("~/.cache/trajkit/sif")
+    """SIFs built from remote references, their locks and digests, Apptainer's layer cache."""
+    tmp_dir: Path = Path("~/.cache/trajkit/sif/tmp")
+    """Build scratch (APPTAINER_TMPDIR); under cache_dir by default so /tmp does not fill up."""
+    scratch_dir: Path = Path("~/.cache/trajkit/sif/sandboxes")
+    """One directory per sandbox (its working directory and state); under cache_dir by default."""
+    network: str = "none"
+    """``none`` (loopback only), ``host`` (share the host's), or a CNI network name."""
+    writable: str = "overlay"
+    """Where writes outside the working directory go: ``overlay``, a directory beside the sandbox's
+    working directory on the host's disk; ``tmpfs``, memory (``--writable-tmpfs``)."""
+    build_timeout: float = 1800.0
+    """Seconds one conversion of a remote reference to a SIF may take."""
+    start_timeout: float = 120.0
+    """Seconds one ``instance start`` may take."""
+
+    @classmethod
+    def parse(
+        cls, options: Mapping[str, object], environ: Mapping[str, str] | None = None
+    ) -> SingularityOptions:
+        """Build options from ``KEY -> VALUE`` strings; raise ValueError naming the bad one."""
+        environ = os.environ if environ is None else environ
+        unknown = sorted(set(options) - set(KNOWN))
+        if unknown:
+            raise ValueError(f"unknown singularity option(s) {unknown}; known: {sorted(KNOWN)}")
+        values = {key: str(value).strip() for key, value in options.items()}
+        cache_dir = _path(values.get("cache_dir") or environ.get("TRAJKIT_SIF_CACHE") or str(cls.cache_dir))
+        network = values.get("network", cls.network)
+        if not _NETWORK.match(network):
+            raise ValueError(f"singularity.network={network!r}: expected none, host or a CNI network name")
+        writable = values.get("writable", cls.writable)
+        if writable not in WRITABLE:
+            raise ValueError(f"singularity.writable={writable!r}: expected one of {', '.join(WRITABLE)}")
+        return cls(
+            binary=values.get("binary") or None,
+            cache_dir=cache_dir,
+            tmp_dir=_path(values.get("tmp_dir") or str(cache_dir / "tmp")),
+            scratch_dir=_path(values.get("scratch_dir") or str(cache_dir / "sandboxes")),
+            network=network,
+            writable=writable,
+            build_timeout=_seconds(values, "build_timeout", cls.build_timeout),
+            start_timeout=_seconds(values, "start_timeout", cls.start_timeout),
+        )
+
+    def resolve_binary(self) -> str:
+        """Absolute path of the engine's executable; SandboxError says how to get one when missing."""
+        candidates = [self.binary] if self.binary else ["apptainer", "singularity"]
+        for candidate in candidates:
+            found = shutil.which(candidate)
+            if found:
+                return found
+        raise SandboxError(
+            f"no Apptainer/Singularity executable found (looked for {', '.join(candidates)} on PATH); "
+            "install Apptainer (on Debian 12: scripts/engines/apptainer.sh start) or set "
+            "--sandbox_option singularity.binary=PATH"
+        )
+
+
+def _path(value: str) -> Path:
+    path = Path(value).expanduser().absolute()
+    if _BIND_UNSAFE.search(str(path)):
+        raise ValueError(f"{path}: Apptainer cannot bind a path containing ',' or ':'")
+    return path
+
+
+def _seconds(values: Mapping[str, str], key: str, default: float) -> float:
+    if key not in values:
+        return default
+    try:
+        seconds = float(values[key])
+    except ValueError:
+        raise ValueError(f"singularity.{key}={values[key]!r}: expected seconds") from None
+    if seconds <= 0:
+        raise ValueError(f"singularity.{key}={values[key]!r}: must be positive")
+    return seconds

@@ -1,0 +1,327 @@
+"""One prompt's Apptainer instance: exec with a process-tree timeout, files through the scratch bind.
+
+The working directory inside the instance is a directory of the host bound into it, so files under it
+are read and written on the host directly, with no command line involved. Symlinks made inside the
+sandbox must not lead such host access outside that directory: the path is walked one component at a
+time with ``O_NOFOLLOW``, and a symlink anywhere hands the operation to the container, which resolves
+it in its own file system. Paths elsewhere in the container go through ``cat`` run inside it, the path
+passed as an argv element.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import posixpath
+import re
+import secrets
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from trajkit.sandbox import (
+    DEFAULT_OUTPUT_CAP,
+    CappedBuffer,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxInfo,
+)
+from trajkit_singularity import scripts
+from trajkit_singularity.engine import Apptainer, kill_tree, spawn
+from trajkit_singularity.instances import InstanceState, stop_watchdog
+
+TIMEOUT_EXIT_CODE = 124
+KILL_TIMEOUT = 30.0
+"""Seconds for the second exec that kills a timed-out command's processes."""
+DRAIN_TIMEOUT = 10.0
+"""Seconds to collect the last output of a killed exec."""
+FILE_TIMEOUT = 300.0
+"""Seconds for a file transfer through the container."""
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _LeavesScratch(Exception):
+    """The path crosses a symlink, so only the container can resolve it."""
+
+
+class SingularitySandbox(Sandbox):
+    def __init__(
+        self,
+        *,
+        engine: Apptainer,
+        state: InstanceState,
+        watchdog: subprocess.Popen[bytes] | None,
+        directory: Path,
+        cwd: str,
+        env: Mapping[str, str],
+        info: SandboxInfo,
+    ) -> None:
+        self.engine = engine
+        self.state = state
+        self._watchdog = watchdog
+        self.directory = directory
+        """Host directory of this sandbox: ``state.json``, ``work/`` (the working directory) and
+        ``overlay/`` (writes elsewhere in the container, unless they go to a tmpfs)."""
+        self.cwd = cwd
+        self.env = dict(env)
+        self.info = info
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return self.state.name
+
+    @property
+    def work(self) -> Path:
+        return self.directory / "work"
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        output_cap: int = DEFAULT_OUTPUT_CAP,
+    ) -> ExecResult:
+        self._check_open()
+        marker = secrets.token_hex(8)
+        assignments = [f"{key}={value}" for key, value in _checked_env({**self.env, **(env or {})}).items()]
+        process = await spawn(
+            [
+                self.engine.binary,
+                *self._exec_prefix(),
+                *scripts.program("launch"),
+                command,
+                *assignments,
+            ],
+            env={**self.engine.env, f"APPTAINERENV_{scripts.MARKER_VARIABLE}": marker},
+        )
+        assert process.stdout is not None and process.stderr is not None
+        stdout, stderr = CappedBuffer(output_cap), CappedBuffer(output_cap)
+        pumps = [
+            asyncio.ensure_future(_pump(process.stdout, stdout)),
+            asyncio.ensure_future(_pump(process.stderr, stderr)),
+        ]
+        finished = asyncio.ensure_future(process.wait())
+        timed_out = False
+        try:
+            done, _ = await asyncio.wait([finished], timeout=timeout)
+            timed_out = finished not in done
+            if timed_out:
+                await self._kill_exec(marker)
+                await kill_tree(process)
+            _, pending = await asyncio.wait(pumps, timeout=DRAIN_TIMEOUT)
+            if pending:
+                # Something that escaped the launcher's sweep still holds the output open.
+                await self._kill_exec(marker)
+        except BaseException:
+            await asyncio.shield(self._abandon(marker, process))
+            raise
+        finally:
+            for task in (*pumps, finished):
+                task.cancel()
+        returncode = process.returncode
+        if not timed_out and returncode == 255 and not await self._alive():
+            raise SandboxError(f"instance {self.name} is gone: {stderr.text().strip()[-500:]}")
+        return ExecResult(
+            exit_code=TIMEOUT_EXIT_CODE if timed_out else (returncode if returncode is not None else -1),
+            stdout=stdout.text(),
+            stderr=stderr.text(),
+            timed_out=timed_out,
+            truncated=stdout.truncated or stderr.truncated,
+        )
+
+    async def read_file(self, path: str) -> bytes:
+        self._check_open()
+        inside = self._resolve(path)
+        relative = self._relative_to_work(inside)
+        if relative is not None:
+            with contextlib.suppress(_LeavesScratch):
+                return await asyncio.to_thread(_read_beneath, self.work, relative, inside)
+        result = await self.engine.run(
+            *self._exec_prefix(), *scripts.program("read"), inside, timeout=FILE_TIMEOUT
+        )
+        _raise_for_file_status(result.returncode, inside, result.reason())
+        return result.stdout
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        self._check_open()
+        inside = self._resolve(path)
+        relative = self._relative_to_work(inside)
+        if relative is not None:
+            with contextlib.suppress(_LeavesScratch):
+                await asyncio.to_thread(_write_beneath, self.work, relative, inside, data)
+                return
+        result = await self.engine.run(
+            *self._exec_prefix(), *scripts.program("write"), inside, timeout=FILE_TIMEOUT, input=data
+        )
+        _raise_for_file_status(result.returncode, inside, result.reason())
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._watchdog is not None:
+            await asyncio.to_thread(stop_watchdog, self._watchdog)
+        try:
+            await self.engine.stop(self.name)
+        finally:
+            await asyncio.to_thread(remove_tree, self.directory)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.name} is closed")
+
+    def _exec_prefix(self) -> list[str]:
+        return ["--silent", "exec", "--cleanenv", "--pwd", self.cwd, f"instance://{self.name}"]
+
+    def _resolve(self, path: str) -> str:
+        """``path`` as an absolute, normalised path inside the container."""
+        if not path:
+            raise FileNotFoundError(errno.ENOENT, "empty path")
+        return posixpath.normpath(posixpath.join(self.cwd, path))
+
+    def _relative_to_work(self, inside: str) -> list[str] | None:
+        """Components of ``inside`` below the working directory, or None if it lies elsewhere."""
+        if inside == self.cwd:
+            return []
+        prefix = self.cwd.rstrip("/") + "/"
+        if not inside.startswith(prefix):
+            return None
+        return inside[len(prefix) :].split("/")
+
+    async def _kill_exec(self, marker: str) -> None:
+        """Kill, from a second exec, every process of the exec tagged ``marker``."""
+        with contextlib.suppress(SandboxError):
+            await self.engine.run(
+                *self._exec_prefix(), *scripts.program("kill"), marker, timeout=KILL_TIMEOUT
+            )
+
+    async def _abandon(self, marker: str, process: asyncio.subprocess.Process) -> None:
+        """Cancelled mid-exec: leave no process behind, inside or out."""
+        await self._kill_exec(marker)
+        await kill_tree(process)
+
+    async def _alive(self) -> bool:
+        try:
+            return self.name in await self.engine.instances()
+        except SandboxError:
+            return False
+
+
+async def _pump(stream: asyncio.StreamReader, buffer: CappedBuffer) -> None:
+    while chunk := await stream.read(65536):
+        buffer.feed(chunk)
+
+
+def _checked_env(env: Mapping[str, str]) -> dict[str, str]:
+    for key in env:
+        if not _ENV_NAME.match(key):
+            raise ValueError(f"invalid environment variable name {key!r}")
+    return {key: str(value) for key, value in env.items()}
+
+
+def _raise_for_file_status(returncode: int, path: str, reason: str) -> None:
+    if returncode == scripts.READER_MISSING:
+        raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox", path)
+    if returncode == scripts.READER_IS_DIRECTORY:
+        raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", path)
+    if returncode != 0:
+        raise OSError(errno.EIO, f"cannot access the file in the sandbox: {reason}", path)
+
+
+def _open_parent(root: Path, parts: list[str], *, create: bool) -> int:
+    """A directory fd for ``parts[:-1]`` below ``root``, following no symlink on the way."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as error:
+                if error.errno in (errno.ELOOP, errno.ENOTDIR) and _is_symlink(part, fd):
+                    raise _LeavesScratch from None
+                raise
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _is_symlink(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _read_beneath(root: Path, parts: list[str], shown: str) -> bytes:
+    if not parts:
+        raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", shown)
+    try:
+        parent = _open_parent(root, parts, create=False)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox", shown) from None
+    try:
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise _LeavesScratch from None
+            if error.errno in (errno.ENOENT, errno.ENOTDIR):
+                raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox", shown) from None
+            raise
+    finally:
+        os.close(parent)
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", shown)
+    with os.fdopen(fd, "rb") as stream:
+        return stream.read()
+
+
+def _write_beneath(root: Path, parts: list[str], shown: str, data: bytes) -> None:
+    if not parts:
+        raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", shown)
+    parent = _open_parent(root, parts, create=True)
+    try:
+        try:
+            fd = os.open(
+                parts[-1],
+                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o644,
+                dir_fd=parent,
+            )
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise _LeavesScratch from None
+            if error.errno == errno.EISDIR:
+                raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", shown) from None
+            raise
+    finally:
+        os.close(parent)
+    with os.fdopen(fd, "wb") as stream:
+        stream.write(data)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` entirely, even where the sandbox took away write or search permission."""
+
+    def make_writable(function: Callable[[str], object], failed: str, _info: object) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(failed), 0o700)
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                os.chmod(failed, 0o700)
+        function(failed)
+
+    if path.is_symlink() or path.exists():
+        shutil.rmtree(path, onerror=make_writable)

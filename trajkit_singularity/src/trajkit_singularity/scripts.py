@@ -1,0 +1,138 @@
+"""Shell programs run inside an instance, and the host-side watchdog.
+
+The in-container programs are written once into a content-addressed host directory and bound
+read-only into every instance at :data:`MOUNT`, so a ``ps`` inside shows ``/bin/sh /.trajkit/launch
+COMMAND`` rather than pages of script. Every value (the command, a path, a marker) reaches them as an
+argv element, never spliced into script text, so no quoting of untrusted strings is ever needed. They
+use only POSIX sh and what BusyBox has (grep, kill, cat, mkdir), so any image with a shell runs them.
+
+How an exec's processes are found again: the launcher starts with ``TRAJKIT_EXEC_ID=<random marker>``
+in its environment and runs the command under ``setsid``. Every descendant inherits the marker in its
+initial environment (``/proc/PID/environ``), and the command leads its own session. The sweep kills whatever
+carries the marker and whatever sits in a session one of them leads, so a child that clears its
+environment is still found, and so is one that starts its own session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+MOUNT = "/.trajkit"
+MARKER_VARIABLE = "TRAJKIT_EXEC_ID"
+
+# sweep MARKER: SIGKILL every process of the exec tagged MARKER, and every process in a session one of
+# them leads, except the calling shell. Victims are stopped first and killed together, so none sees
+# another die (no shell reports "Killed"); repeated because a process may fork between listing and kill.
+_SWEEP = r"""
+sweep() {
+    marker=$1 self=$$ round=0 sessions=" "
+    while [ "$round" -lt 6 ]; do
+        victims=
+        for p in /proc/[0-9]*; do
+            pid=${p#/proc/}
+            [ "$pid" = "$self" ] && continue
+            read -r stat 2>/dev/null <"$p/stat" || continue
+            set -- ${stat##*) }
+            [ "$1" = Z ] && continue
+            case $sessions in
+            *" $4 "*) ;;
+            *)
+                grep -q "TRAJKIT_EXEC_ID=$marker" "$p/environ" 2>/dev/null || continue
+                [ "$4" = "$pid" ] && sessions="$sessions$pid "
+                ;;
+            esac
+            kill -STOP "$pid" 2>/dev/null && victims="$victims $pid"
+        done
+        [ -n "$victims" ] || return 0
+        kill -9 $victims 2>/dev/null
+        round=$((round + 1))
+    done
+}
+"""
+
+LAUNCHER = (
+    _SWEEP
+    + r"""
+command=$1
+shift
+[ -n "$TRAJKIT_EXEC_ID" ] || exit 125
+for assignment in "$@"; do
+    export "$assignment" || exit 125
+done
+if command -v setsid >/dev/null 2>&1; then
+    setsid /bin/sh -c "$command"
+else
+    /bin/sh -c "$command"
+fi
+status=$?
+sweep "$TRAJKIT_EXEC_ID"
+exit "$status"
+"""
+)
+"""argv: COMMAND [NAME=VALUE...], environment: TRAJKIT_EXEC_ID=MARKER. Runs COMMAND, then kills
+whatever it left running.
+
+The marker comes through the environment (``APPTAINERENV_TRAJKIT_EXEC_ID`` on the client) so that this
+shell carries it too and a timeout's sweep stops it with the rest, before it can report its child's
+death.
+
+The command runs in the foreground (a background job would start with SIGINT ignored), and ``setsid``
+does not fork there because the child of this shell never leads a process group.
+"""
+
+KILLER = _SWEEP + '\nsweep "$1"\n'
+"""argv: MARKER. Run from a second exec when an exec times out."""
+
+READER = r"""
+[ -d "$1" ] && exit 21
+[ -e "$1" ] || exit 2
+exec cat -- "$1"
+"""
+"""argv: PATH. Prints the file; exit 2 when missing, 21 when a directory."""
+
+WRITER = r"""
+dir=${1%/*}
+[ -n "$dir" ] && { mkdir -p -- "$dir" || exit 1; }
+[ -d "$1" ] && exit 21
+exec cat >"$1"
+"""
+"""argv: PATH. Writes stdin to PATH, creating parent directories; exit 21 when PATH is a directory."""
+
+READER_MISSING = 2
+READER_IS_DIRECTORY = 21
+
+WATCHDOG = 'sleep "$1"; "$2" instance stop --force "$3"; rm -rf -- "$4"'
+"""Host side, argv: SECONDS BINARY INSTANCE DIRECTORY. Stops the instance and removes its directory
+once the sandbox's lifetime is over, whether or not trajkit still runs."""
+
+
+PROGRAMS = {"launch": LAUNCHER, "kill": KILLER, "read": READER, "write": WRITER}
+
+
+def program(name: str) -> list[str]:
+    """The argv prefix that runs program ``name`` inside an instance."""
+    return ["/bin/sh", f"{MOUNT}/{name}"]
+
+
+def install(cache_dir: Path) -> Path:
+    """Write the in-container programs under ``cache_dir`` (once per version) and return their directory.
+
+    Blocking: call it in a worker thread.
+    """
+    version = hashlib.sha256(repr(sorted(PROGRAMS.items())).encode()).hexdigest()[:12]
+    directory = cache_dir / f"programs-{version}"
+    if directory.is_dir():
+        return directory
+    partial = cache_dir / f".programs-{version}.{os.getpid()}.partial"
+    partial.mkdir(parents=True, exist_ok=True)
+    for name, text in PROGRAMS.items():
+        (partial / name).write_text(text.lstrip())
+    try:
+        partial.rename(directory)
+    except OSError:  # another process installed the same version first
+        for child in partial.iterdir():
+            child.unlink()
+        partial.rmdir()
+    return directory
