@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import install_fake_distribution, read_jsonl, trajkit, write_jsonl
+from trajkit.ledger import read_jsonl as ledger_lines
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy
 
@@ -83,21 +84,10 @@ def assert_exactly_once(run_dir: Path, dataset: list[dict[str, Any]]) -> None:
     records = read_jsonl(run_dir / "trajectories.jsonl")
     assert [r["prompt_index"] for r in records] == list(range(len(dataset)))
     assert Counter(r["conversations"][1]["value"] for r in records) == Counter(d["prompt"] for d in dataset)
-    ledger = [r for p in run_dir.glob("batch_*.jsonl") for r in read_jsonl_tolerant(p)]
+    ledger = [r for p in run_dir.glob("batch_*.jsonl") for r in ledger_lines(p)]
     assert len({r["work_id"] for r in ledger}) == len(ledger) == len(dataset), "a prompt completed twice"
     stats = json.loads((run_dir / "statistics.json").read_text())
     assert (stats["done"], stats["pending"], stats["kept"]) == (len(dataset), 0, len(dataset))
-
-
-def read_jsonl_tolerant(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines(keepends=True):
-        if line.endswith("\n"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
 
 
 def sessions_started(server: OpenAITestServer) -> Counter[str]:
@@ -248,7 +238,9 @@ def test_ctrl_c_closes_live_sandboxes_and_leaves_a_consistent_run(tmp_path: Path
     server = OpenAITestServer(dialect_policy, latency=1.0)
     with server:
         args = run_args(path, tmp_path, server, "--sandbox_option", f"local.root={sandboxes}")
-        process = subprocess.Popen([sys.executable, "-m", "trajkit", *args], stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "trajkit", *args], stderr=subprocess.PIPE, text=True
+        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and len(list(sandboxes.glob("*"))) < 4:
             time.sleep(0.05)
