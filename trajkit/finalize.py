@@ -8,8 +8,6 @@ the run, not just the last.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +16,7 @@ from typing import Any
 
 from trajkit.dataset import WorkItem
 from trajkit.filters import Record, TrajectoryFilter
-from trajkit.ledger import FAILURES_FILE, LedgerIndex, Location, RecordReader, read_jsonl
+from trajkit.ledger import FAILURES_FILE, LedgerIndex, Location, RecordReader, atomic_replace, read_jsonl
 from trajkit.writers import OutputWriter
 
 REJECTED_FILE = "rejected.jsonl"
@@ -139,7 +137,10 @@ def finalize(
             yield record, rejection(record, filters)
 
     try:
-        with _atomic(run_dir / REJECTED_FILE) as rejected_path, rejected_path.open("w") as rejected_out:
+        with (
+            atomic_replace(run_dir / REJECTED_FILE) as rejected_path,
+            rejected_path.open("w") as rejected_out,
+        ):
 
             def kept() -> Iterator[dict[str, Any]]:
                 for record, reason in records():
@@ -155,33 +156,14 @@ def finalize(
                         rejected_out.write(json.dumps({**line, "record": record}, ensure_ascii=False) + "\n")
 
             first, *others = writers
-            with _atomic(run_dir / first.filename) as path:
+            with atomic_replace(run_dir / first.filename) as path:
                 first.write(kept(), path)
             for writer in others:
-                with _atomic(run_dir / writer.filename) as path:
+                with atomic_replace(run_dir / writer.filename) as path:
                     writer.write((r for r, reason in records() if reason is None), path)
     finally:
         reader.close()
     return tally.as_dict()
-
-
-class _atomic:
-    """Yields a temporary path beside ``target``; renames it into place only on success."""
-
-    def __init__(self, target: Path) -> None:
-        self.target = target
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        os.close(fd)
-        self.tmp = Path(name)
-
-    def __enter__(self) -> Path:
-        return self.tmp
-
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        if exc_type is None:
-            os.replace(self.tmp, self.target)
-        else:
-            self.tmp.unlink(missing_ok=True)
 
 
 def failure_summary(run_dir: Path, pending_work: set[str]) -> dict[str, Any]:

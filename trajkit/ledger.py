@@ -8,12 +8,14 @@ to by two invocations. Reading tolerates a torn last line.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -181,17 +183,45 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 yield entry
 
 
+@functools.cache
+def _file_mode() -> int:
+    """The mode ``open()`` would give a new file: temporary files are 0600 until told otherwise."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def temporary_beside(path: Path) -> Path:
+    """An empty file next to ``path``, with ordinary permissions, to be renamed over it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.fchmod(fd, _file_mode())
+    os.close(fd)
+    return Path(tmp)
+
+
+@contextmanager
+def atomic_replace(target: Path) -> Iterator[Path]:
+    """A temporary path beside ``target``, renamed onto it only if the block succeeds."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_beside(target)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` so that a reader sees the old file or the new one, never half."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    tmp = temporary_beside(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with tmp.open("w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -41,6 +41,8 @@ DEFAULT_PLUGINS = (
     "trajkit.plugins.distributions",
     "trajkit.plugins.filters",
     "trajkit.plugins.writers",
+    "trajkit.plugins.export",
+    "trajkit.plugins.report",
 )
 
 # Backends that live in their own packages, so an unknown name can say what to install.

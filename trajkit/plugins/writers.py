@@ -1,19 +1,50 @@
-"""The default output writer: the trajectory records, one JSON object per line (ShareGPT turns)."""
+"""Built-in output writers: ``sharegpt`` (the default), ``hermes``, ``openai`` and ``parquet``.
+
+Trainers load these files through Arrow (``datasets.load_dataset``), which keeps one type per
+column: a column whose shape differs between rows fails to load, or loads as a union of every
+shape with nulls filled in. So the writers give every row of a run the same columns with the
+same types: values whose shape varies between rows (tool-call arguments, tool schemas) travel as
+JSON strings, and every key is present in every row, null where it does not apply. The one part a
+run does not control is the dataset's own extra fields in ``metadata``: ``sharegpt`` keeps them as
+given (it is the run's record of truth), ``parquet`` stores them as a JSON string.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any, ClassVar
 
 from trajkit import hookimpl
 from trajkit.filters import Record
+from trajkit.manager import PluginError, load_plugins
 from trajkit.writers import OutputWriter
+
+log = logging.getLogger("trajkit")
+
+ToolSchema = dict[str, Any]
+"""A tool as the OpenAI ``tools`` list has it: ``{"type": "function", "function": {...}}``."""
+
+SCALAR_FIELDS = (
+    "work_id",
+    "prompt_id",
+    "prompt_index",
+    "completed",
+    "partial",
+    "api_calls",
+    "invalid_tool_calls",
+    "duration_s",
+    "attempt",
+    "finish_reason",
+)
+"""Record fields that the derived formats (hermes, openai) carry beside the conversation."""
 
 
 @hookimpl
 def trajkit_writers() -> list[type[OutputWriter]]:
-    return [ShareGPTWriter]
+    return [ShareGPTWriter, HermesWriter, OpenAIWriter, ParquetWriter]
 
 
 class ShareGPTWriter(OutputWriter):
@@ -22,9 +53,339 @@ class ShareGPTWriter(OutputWriter):
     description = "trajectory records with ShareGPT conversations (the default)"
 
     def write(self, records: Iterable[Record], path: Path) -> int:
+        return write_jsonl(records, path)
+
+
+def write_jsonl(rows: Iterable[Mapping[str, Any]], path: Path) -> int:
+    count = 0
+    with path.open("w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+def scalar_fields(record: Record) -> dict[str, Any]:
+    return {key: record.get(key) for key in SCALAR_FIELDS}
+
+
+# -- writers that render the offered tools --------------------------------------------------------
+
+
+class ToolSchemaWriter(OutputWriter):
+    """A writer whose rows carry the schemas of the tools offered to each prompt.
+
+    Records name the offered tools but not their schemas (the same few schemas would otherwise be
+    repeated in every record), so the schemas come from the installed toolset plugins, loaded on
+    first use. A tool that is no longer installed is written with an empty parameter schema and
+    a warning, rather than failing the whole export.
+    """
+
+    def __init__(self, tool_schemas: Mapping[str, ToolSchema] | None = None) -> None:
+        self._schemas = dict(tool_schemas) if tool_schemas is not None else None
+        self._warned: set[str] = set()
+
+    def schemas_for(self, names: Sequence[str]) -> list[ToolSchema]:
+        if self._schemas is None:
+            self._schemas = installed_tool_schemas()
+        schemas = []
+        for name in names:
+            schema = self._schemas.get(name)
+            if schema is None:
+                if name not in self._warned:
+                    log.warning(
+                        "%s writer: tool %r is not installed; written without its schema", self.name, name
+                    )
+                    self._warned.add(name)
+                schema = _bare_schema(name)
+            schemas.append(schema)
+        return schemas
+
+
+def installed_tool_schemas() -> dict[str, ToolSchema]:
+    """Every tool the installed plugins register, by name."""
+    return {name: tool.schema() for name, tool in load_plugins().tools.items()}
+
+
+def _bare_schema(name: str) -> ToolSchema:
+    return {
+        "type": "function",
+        "function": {"name": name, "description": "", "parameters": {"type": "object", "properties": {}}},
+    }
+
+
+# -- hermes -------------------------------------------------------------------------------------
+
+TOOLS_PREAMBLE = (
+    "You may call the functions whose signatures are listed as a JSON list inside <tools></tools>. "
+    "To call one, write a JSON object with its name and its arguments object inside "
+    "<tool_call></tool_call>; several calls may follow one another. Each result comes back inside "
+    "<tool_response></tool_response>."
+)
+
+
+class HermesWriter(ToolSchemaWriter):
+    """The reference's training strings: one ``{from, value}`` list per row, tags inside the text.
+
+    The system turn is the run's saved system prompt followed by the offered tools as a
+    ``<tools>`` JSON list (what a model trained on these strings is then prompted with). Each gpt turn is ``<think>reasoning</think>`` (empty when the turn had
+    none, so every turn has the same layout), then the content, then one ``<tool_call>`` block per
+    call. The answers to one turn's calls are merged into one tool turn of ``<tool_response>``
+    blocks, in call order, as the reference does.
+    """
+
+    name = "hermes"
+    filename = "trajectories.hermes.jsonl"
+    description = "Hermes training strings: <tools>, <think>, <tool_call> and <tool_response> in the text"
+
+    def write(self, records: Iterable[Record], path: Path) -> int:
+        return write_jsonl((self.row(record) for record in records), path)
+
+    def row(self, record: Record) -> dict[str, Any]:
+        tools = self.schemas_for(record["tools_offered"])
+        return {"conversations": hermes_turns(record["conversations"], tools), **scalar_fields(record)}
+
+
+def hermes_turns(turns: Sequence[Mapping[str, Any]], tools: Sequence[ToolSchema]) -> list[dict[str, str]]:
+    rendered: list[dict[str, str]] = []
+    responses: list[str] = []
+    for turn in turns:
+        if turn["from"] == "tool":
+            responses.append(_tool_response(turn))
+            continue
+        if responses:
+            rendered.append({"from": "tool", "value": "\n".join(responses)})
+            responses = []
+        if turn["from"] == "system":
+            rendered.append({"from": "system", "value": _system_with_tools(turn["value"], tools)})
+        elif turn["from"] == "gpt":
+            rendered.append({"from": "gpt", "value": _gpt_value(turn)})
+        else:
+            rendered.append({"from": turn["from"], "value": turn["value"]})
+    if responses:
+        rendered.append({"from": "tool", "value": "\n".join(responses)})
+    if not rendered or rendered[0]["from"] != "system":
+        rendered.insert(0, {"from": "system", "value": _system_with_tools("", tools)})
+    return rendered
+
+
+def _system_with_tools(prompt: str, tools: Sequence[ToolSchema]) -> str:
+    listed = json.dumps([tool["function"] for tool in tools], ensure_ascii=False)
+    block = f"{TOOLS_PREAMBLE}\n<tools>\n{listed}\n</tools>"
+    return f"{prompt}\n\n{block}" if prompt else block
+
+
+def _gpt_value(turn: Mapping[str, Any]) -> str:
+    reasoning = turn.get("reasoning") or ""
+    parts = [f"<think>\n{reasoning}\n</think>" if reasoning else "<think>\n</think>"]
+    if turn["value"].strip():
+        parts.append(turn["value"])
+    for call in turn.get("tool_calls") or []:
+        body = {"name": call["name"], "arguments": _arguments(call["arguments"])}
+        parts.append(f"<tool_call>\n{json.dumps(body, ensure_ascii=False)}\n</tool_call>")
+    return "\n".join(parts)
+
+
+def _arguments(raw: str) -> Any:
+    """The arguments object the model sent; the raw text if it was not JSON (kept, not guessed)."""
+    try:
+        return json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        return raw
+
+
+def _tool_response(turn: Mapping[str, Any]) -> str:
+    body: dict[str, Any] = {}
+    if turn.get("tool_call_id") is not None:
+        body["tool_call_id"] = turn["tool_call_id"]
+    body["name"] = turn.get("name")
+    body["content"] = _json_or_text(turn["value"])
+    return f"<tool_response>\n{json.dumps(body, ensure_ascii=False)}\n</tool_response>"
+
+
+def _json_or_text(content: str) -> Any:
+    """Structured tool output (a JSON object or list) embedded as JSON, as the reference does."""
+    if content.lstrip().startswith(("{", "[")):
+        try:
+            return json.loads(content)
+        except ValueError:
+            pass
+    return content
+
+
+# -- openai ---------------------------------------------------------------------------------------
+
+OPENAI_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "tool": "tool"}
+
+
+class OpenAIWriter(ToolSchemaWriter):
+    """OpenAI chat messages plus a ``tools`` column: what TRL's SFTTrainer and Axolotl's
+    ``chat_template`` dataset type read.
+
+    Schema choices, each so that every row has one Arrow type per column and both trainers accept it:
+
+    - ``tools`` is a JSON string of the offered tools' schemas. Their parameter objects differ
+      between tools and the toolsets differ between rows, so as nested objects they would not form
+      one Arrow type. TRL's SFTTrainer and Axolotl's chat_template loader both ``json.loads`` a
+      string ``tools`` value before handing it to the chat template.
+    - ``function.arguments`` is the JSON string the model sent (the OpenAI wire format), for the
+      same reason; Axolotl decodes it for the template, and templates that take strings use it as is.
+    - Reasoning goes in ``reasoning_content``: Axolotl's default thinking field, and the key that
+      reasoning chat templates (Qwen3, DeepSeek-R1 style) read; a template without reasoning
+      ignores it. Dropping it would throw away what the reasoning filter kept the row for.
+    - Every message has every key (null where it does not apply); both trainers drop null keys
+      before templating, so a message looks to the template exactly like an OpenAI message.
+    """
+
+    name = "openai"
+    filename = "trajectories.openai.jsonl"
+    description = "OpenAI messages with tool_calls, reasoning_content and a tools column (TRL, Axolotl)"
+
+    def write(self, records: Iterable[Record], path: Path) -> int:
+        return write_jsonl((self.row(record) for record in records), path)
+
+    def row(self, record: Record) -> dict[str, Any]:
+        return {
+            "messages": [openai_message(turn) for turn in record["conversations"]],
+            "tools": json.dumps(self.schemas_for(record["tools_offered"]), ensure_ascii=False),
+            **scalar_fields(record),
+        }
+
+
+def openai_message(turn: Mapping[str, Any]) -> dict[str, Any]:
+    calls = [
+        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+        for c in turn.get("tool_calls") or []
+    ]
+    return {
+        "role": OPENAI_ROLES[turn["from"]],
+        "content": turn["value"],
+        "reasoning_content": turn.get("reasoning") if turn["from"] == "gpt" else None,
+        "tool_calls": calls or None,
+        "tool_call_id": turn.get("tool_call_id"),
+        "name": turn.get("name"),
+    }
+
+
+# -- parquet --------------------------------------------------------------------------------------
+
+
+class ParquetWriter(OutputWriter):
+    """The sharegpt rows as Parquet, with a fixed schema and every variably-shaped part made safe.
+
+    The schema is declared up front rather than inferred, so a column that happens to be null in
+    the first row group (``finish_reason``, ``sandbox.image``) still has its real type. Shapes that
+    vary are flattened: ``metadata`` (the row's own fields, any names and types) is a JSON
+    string, and ``tool_stats`` / ``tool_error_counts`` (keyed by tool name, so their shape depends
+    on the run's tools) are lists of ``{tool, ...}`` structs, sorted by tool. Records are written
+    in row groups of bounded size, so memory stays flat however large the run.
+    """
+
+    name = "parquet"
+    filename = "trajectories.parquet"
+    description = "the sharegpt rows as Parquet with one fixed schema (needs the parquet extra)"
+
+    rows_per_group: ClassVar[int] = 1000
+    bytes_per_group: ClassVar[int] = 64 << 20
+    """Text held before a row group is flushed (an estimate from the turns' text)."""
+
+    def __init__(self) -> None:
+        _pyarrow()  # fail when the run starts, not after every prompt has been paid for
+
+    def write(self, records: Iterable[Record], path: Path) -> int:
+        pa, pq = _pyarrow()
+        schema = parquet_schema(pa)
         count = 0
-        with path.open("w", encoding="utf-8") as out:
-            for record in records:
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-                count += 1
+        with pq.ParquetWriter(str(path), schema) as out:
+            for batch in _batches(records, self.rows_per_group, self.bytes_per_group):
+                out.write_table(pa.Table.from_pylist([parquet_row(r) for r in batch], schema=schema))
+                count += len(batch)
         return count
+
+
+def _batches(records: Iterable[Record], max_rows: int, max_bytes: int) -> Iterator[list[Record]]:
+    batch: list[Record] = []
+    size = 0
+    for record in records:
+        batch.append(record)
+        size += sum(len(t["value"]) + len(t.get("reasoning") or "") for t in record["conversations"])
+        if len(batch) >= max_rows or size >= max_bytes:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def parquet_row(record: Record) -> dict[str, Any]:
+    return {
+        **record,
+        "metadata": json.dumps(record["metadata"], ensure_ascii=False, sort_keys=True),
+        "tool_stats": [{"tool": name, **stat} for name, stat in sorted(record["tool_stats"].items())],
+        "tool_error_counts": [
+            {"tool": name, "count": count} for name, count in sorted(record["tool_error_counts"].items())
+        ],
+    }
+
+
+def parquet_schema(pa: Any) -> Any:
+    """The Arrow schema of a parquet row; the columns are the trajectory record's, in its order."""
+    call = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
+    turn = pa.struct(
+        [
+            ("from", pa.string()),
+            ("value", pa.string()),
+            ("reasoning", pa.string()),
+            ("tool_calls", pa.list_(call)),
+            ("tool_call_id", pa.string()),
+            ("name", pa.string()),
+        ]
+    )
+    counts = [("count", pa.int64()), ("success", pa.int64()), ("failure", pa.int64())]
+    return pa.schema(
+        [
+            ("work_id", pa.string()),
+            ("prompt_id", pa.string()),
+            ("prompt_index", pa.int64()),
+            ("conversations", pa.list_(turn)),
+            ("metadata", pa.string()),
+            ("completed", pa.bool_()),
+            ("partial", pa.bool_()),
+            ("api_calls", pa.int64()),
+            ("toolsets_used", pa.list_(pa.string())),
+            ("tools_offered", pa.list_(pa.string())),
+            ("tool_stats", pa.list_(pa.struct([("tool", pa.string()), *counts]))),
+            ("tool_error_counts", pa.list_(pa.struct([("tool", pa.string()), ("count", pa.int64())]))),
+            ("invalid_tool_calls", pa.int64()),
+            (
+                "usage",
+                pa.struct(
+                    [
+                        ("prompt_tokens", pa.int64()),
+                        ("completion_tokens", pa.int64()),
+                        ("total_tokens", pa.int64()),
+                        ("cost", pa.float64()),
+                    ]
+                ),
+            ),
+            ("duration_s", pa.float64()),
+            ("attempt", pa.int64()),
+            ("finish_reason", pa.string()),
+            (
+                "sandbox",
+                pa.struct([("backend", pa.string()), ("image", pa.string()), ("digest", pa.string())]),
+            ),
+        ]
+    )
+
+
+PARQUET_MISSING = "the parquet writer needs pyarrow: pip install 'trajkit[parquet]'"
+
+
+def _pyarrow() -> tuple[Any, Any]:
+    """pyarrow and pyarrow.parquet, imported only when Parquet is written (an optional extra)."""
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError as exc:
+        raise PluginError(f"{PARQUET_MISSING} ({exc})") from exc
+    return pyarrow, pyarrow.parquet

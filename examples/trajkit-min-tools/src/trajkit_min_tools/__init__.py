@@ -1,0 +1,58 @@
+"""A trajkit filter plugin: reject trajectories in which the model made fewer than N tool calls.
+
+A session that answers straight away teaches a tool-calling model nothing about tools; this
+filter keeps such rows out of the training set. It is opt-in (``--filter min_tool_calls``),
+because whether a direct answer is wrong depends on the prompts.
+"""
+
+from __future__ import annotations
+
+import os
+
+from trajkit import hookimpl
+from trajkit.filters import Record, TrajectoryFilter
+from trajkit.manager import PluginError
+
+ENV_MINIMUM = "TRAJKIT_MIN_TOOL_CALLS"
+DEFAULT_MINIMUM = 2
+
+
+@hookimpl
+def trajkit_filters() -> list[type[TrajectoryFilter]]:
+    return [MinToolCalls]
+
+
+class MinToolCalls(TrajectoryFilter):
+    """Rejects a trajectory with fewer tool calls than the minimum.
+
+    Every call the model made counts, whether or not the tool succeeded: a failed call followed by
+    a recovery is exactly the behaviour worth training on. The minimum comes from the filter's
+    options in a configuration file, else ``$TRAJKIT_MIN_TOOL_CALLS``, else 2. The merge re-applies
+    filters on every invocation, so resume a run with the same minimum.
+    """
+
+    name = "min_tool_calls"
+    description = f"fewer than N tool calls (N from ${ENV_MINIMUM}, default {DEFAULT_MINIMUM})"
+    enabled_by_default = False
+
+    def __init__(self, minimum: int | None = None) -> None:
+        self.minimum = configured_minimum() if minimum is None else minimum
+        if isinstance(self.minimum, bool) or not isinstance(self.minimum, int) or self.minimum < 0:
+            raise PluginError(f"{self.name}: the minimum must be a whole number >= 0, not {self.minimum!r}")
+
+    def check(self, record: Record) -> str | None:
+        calls = sum(len(turn["tool_calls"]) for turn in record["conversations"] if turn["from"] == "gpt")
+        if calls < self.minimum:
+            return f"{calls} tool call{'' if calls == 1 else 's'}, fewer than {self.minimum}"
+        return None
+
+
+def configured_minimum() -> int:
+    """The minimum from the environment, or the default; a malformed value is an error, not ignored."""
+    raw = os.environ.get(ENV_MINIMUM, "").strip()
+    if not raw:
+        return DEFAULT_MINIMUM
+    try:
+        return int(raw)
+    except ValueError:
+        raise PluginError(f"${ENV_MINIMUM}={raw!r} is not a whole number") from None

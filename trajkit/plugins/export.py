@@ -1,0 +1,80 @@
+"""``trajkit export``: render a finished run's kept trajectories again, with any output writer.
+
+A run only writes the formats named with ``--writer``; deciding on another format later should not
+mean running (and paying for) the run again. ``trajectories.jsonl`` holds every kept record in
+dataset order, so any writer can be fed from it. The output appears atomically: it is written to
+a temporary file beside the target and renamed into place, so a crash or a bad record never leaves
+a half-written file where a trainer could pick it up.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from trajkit import hookimpl
+from trajkit.ledger import atomic_replace
+from trajkit.manager import PluginError, PluginHost
+from trajkit.writers import OutputWriter
+
+SOURCE_FILE = "trajectories.jsonl"
+
+
+@hookimpl
+def trajkit_commands(cli: click.Group) -> None:
+    cli.add_command(export)
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--format", "format_name", required=True, help="Output writer, e.g. hermes, openai, parquet.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Output file (default: the writer's file name inside RUN_DIR).",
+)
+@click.pass_context
+def export(ctx: click.Context, run_dir: Path, format_name: str, out: Path | None) -> None:
+    """Write the kept trajectories of RUN_DIR in another format."""
+    host: PluginHost = ctx.find_root().obj
+    writers = host.writers
+    if format_name not in writers:
+        raise click.BadParameter(
+            f"unknown format {format_name!r}; writers: {', '.join(sorted(writers))}", param_hint="--format"
+        )
+    source = run_dir / SOURCE_FILE
+    if not source.is_file():
+        raise click.ClickException(f"{source} does not exist: RUN_DIR must be a run that has finished once")
+    try:
+        writer = writers[format_name]()
+    except PluginError as exc:
+        raise click.ClickException(str(exc)) from None
+    target = out if out is not None else run_dir / writer.filename
+    rows = export_records(writer, read_records(source), target)
+    click.echo(f"{target}: {rows} rows ({format_name})", err=True)
+
+
+def export_records(writer: OutputWriter, records: Iterator[dict[str, Any]], target: Path) -> int:
+    """Render ``records`` with ``writer`` into ``target`` atomically; return the number of rows."""
+    with atomic_replace(target) as tmp:
+        return writer.write(records, tmp)
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a ``trajectories.jsonl``, one at a time, so memory stays flat on large runs."""
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                raise click.ClickException(f"{path}:{number}: not a JSON record ({exc})") from None
+            if not isinstance(record, dict):
+                raise click.ClickException(f"{path}:{number}: not a JSON object")
+            yield record
