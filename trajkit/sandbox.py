@@ -21,6 +21,8 @@ Contract (checked by ``tests/test_sandbox_conformance.py`` against every backend
 
 from __future__ import annotations
 
+import os
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -141,6 +143,29 @@ class SandboxBackend(ABC):
 
     async def aclose(self) -> None:
         """Release clients and connections at the end of a run."""
+
+
+def owner_tag() -> str:
+    """``host:pid`` of this process, to label sandboxes so a later reaper can tell their owner died."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_gone(owner: str) -> bool:
+    """True if ``owner`` (an :func:`owner_tag`) is a process of this host that no longer runs.
+
+    Another host's owner, our own process, or a malformed tag count as alive: a reaper must never
+    remove what it cannot prove abandoned.
+    """
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def truncation_marker(omitted: int) -> str:

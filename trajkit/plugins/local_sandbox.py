@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import time
 from collections.abc import Mapping
@@ -30,6 +29,8 @@ from trajkit.sandbox import (
     SandboxError,
     SandboxInfo,
     SandboxSpec,
+    owner_gone,
+    owner_tag,
 )
 
 DEFAULT_CWD = "/work"
@@ -63,7 +64,7 @@ class LocalBackend(SandboxBackend):
             cwd = f"{DEFAULT_CWD}/{cwd}"
         self.root.mkdir(parents=True, exist_ok=True)
         base = Path(tempfile.mkdtemp(prefix=f"{spec.run_id}.", dir=self.root))
-        owner = {"host": socket.gethostname(), "pid": os.getpid(), "deadline": time.time() + spec.lifetime}
+        owner = {"owner": owner_tag(), "deadline": time.time() + spec.lifetime}
         (base / OWNER_FILE).write_text(json.dumps(owner))
         workdir = base / "fs" / cwd.lstrip("/")
         workdir.mkdir(parents=True)
@@ -91,17 +92,7 @@ def _abandoned(owner_file: Path) -> bool:
         return True
     if time.time() > owner.get("deadline", 0):
         return True
-    return owner.get("host") == socket.gethostname() and not _pid_alive(int(owner.get("pid", 0)))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return owner_gone(str(owner.get("owner", "")))
 
 
 class LocalSandbox(Sandbox):

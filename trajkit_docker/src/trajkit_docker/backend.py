@@ -14,17 +14,23 @@ import asyncio
 import functools
 import logging
 import math
-import os
 import posixpath
 import re
-import socket
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
-from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxError, SandboxInfo, SandboxSpec
+from trajkit.sandbox import (
+    ImageUnavailable,
+    SandboxBackend,
+    SandboxError,
+    SandboxInfo,
+    SandboxSpec,
+    owner_gone,
+    owner_tag,
+)
 from trajkit_docker.archive import pack_directory
 from trajkit_docker.engine import ContainerSummary, Engine, api_message, translated
 from trajkit_docker.options import DockerOptions
@@ -72,7 +78,7 @@ class DockerBackend(SandboxBackend):
         self._digests: dict[str, str | None] = {}
         self._tools_checked: set[str] = set()
         self._background: set[asyncio.Task[Any]] = set()
-        self._owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._owner = owner_tag()
 
     # Plumbing
 
@@ -261,18 +267,7 @@ def abandoned(container: ContainerSummary, now: float | None = None) -> bool:
     deadline = container.labels.get("trajkit.deadline", "")
     if deadline.isdigit() and int(deadline) < (now if now is not None else time.time()):
         return True
-    host, _, pid = container.labels.get("trajkit.owner", "").rpartition(":")
-    return host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid))
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return owner_gone(container.labels.get("trajkit.owner", ""))
 
 
 def container_name(spec: SandboxSpec) -> str:

@@ -29,7 +29,6 @@ import logging
 import math
 import os
 import posixpath
-import socket
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, fields
@@ -45,6 +44,8 @@ from trajkit.sandbox import (
     SandboxError,
     SandboxInfo,
     SandboxSpec,
+    owner_gone,
+    owner_tag,
 )
 from trajkit_modal.ratelimit import TokenBucket, backoff_delay
 
@@ -199,7 +200,7 @@ class ModalBackend(SandboxBackend):
         self._digests: dict[str, str | None] = {}
         self._bucket = TokenBucket(self.settings.create_rate, self.settings.burst)
         self._open: set[ModalSandbox] = set()
-        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self.owner = owner_tag()
 
     @property
     def sdk(self) -> Any:
@@ -561,17 +562,4 @@ def _describe(exc: BaseException) -> str:
 
 def _owner_is_dead(tags: Mapping[str, str]) -> bool:
     """True if the tags name a process on this host (not ourselves) that no longer exists."""
-    host, _, pid = tags.get(TAG_OWNER, "").rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
-        return False
-    return not _pid_alive(int(pid))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return owner_gone(tags.get(TAG_OWNER, ""))
