@@ -23,7 +23,9 @@ def test_invalid_rows_are_reported_and_valid_rows_run(tmp_path: Path) -> None:
             "[1, 2]",
         ],
     )
-    result = trajkit("run", "--dataset_file", str(dataset), "--run_name", "bad", "--output_dir", str(tmp_path))
+    result = trajkit(
+        "run", "--dataset_file", str(dataset), "--run_name", "bad", "--output_dir", str(tmp_path)
+    )
     assert result.returncode == 1
     err = result.stderr
     assert f"{dataset}:2: invalid JSON" in err
@@ -52,7 +54,9 @@ def test_backend_from_a_missing_package_names_the_package(tmp_path: Path) -> Non
         env={"TRAJKIT_DISABLE_PLUGINS": "modal"},
     )  # fmt: skip
     assert result.returncode == 1
-    assert f"{dataset}:1: sandbox backend 'modal' is not installed: pip install trajkit-modal" in result.stderr
+    assert (
+        f"{dataset}:1: sandbox backend 'modal' is not installed: pip install trajkit-modal" in result.stderr
+    )
     assert len(read_jsonl(tmp_path / "x" / "trajectories.jsonl")) == 1
 
 

@@ -46,7 +46,9 @@ backend = "local-but-not-really"
 
 def test_unknown_keys_are_errors_with_their_place(tmp_path: Path) -> None:
     config = tmp_path / "run.yaml"
-    config.write_text("dataset_file: x.jsonl\nrun_name: r\nmax_turnz: 3\nroutes:\n  - image: '*'\n    backnd: docker\n")
+    config.write_text(
+        "dataset_file: x.jsonl\nrun_name: r\nmax_turnz: 3\nroutes:\n  - image: '*'\n    backnd: docker\n"
+    )
     result = trajkit("run", "--config", str(config))
     assert result.returncode == 2
     assert f"{config}: max_turnz: Extra inputs are not permitted" in result.stderr

@@ -25,7 +25,12 @@ def exact_conditional(probabilities: dict[str, float]) -> dict[tuple[str, ...], 
 
 @pytest.mark.parametrize(
     "probabilities",
-    [{"a": 0.1, "b": 0.05, "c": 0.2}, {"a": 0.8, "b": 0.8, "c": 0.3, "d": 0.1}, {"a": 0.5}, {"a": 0.0, "b": 0.01}],
+    [
+        {"a": 0.1, "b": 0.05, "c": 0.2},
+        {"a": 0.8, "b": 0.8, "c": 0.3, "d": 0.1},
+        {"a": 0.5},
+        {"a": 0.0, "b": 0.01},
+    ],
 )
 def test_draws_follow_the_exact_conditional_distribution(probabilities: dict[str, float]) -> None:
     distribution = Distribution("t", "", probabilities)

@@ -28,8 +28,16 @@ def test_disabled_toolsets_and_unknown_names() -> None:
 def test_parallel_calls_and_max_turns_against_a_real_endpoint() -> None:
     def parallel(body: dict) -> dict:
         calls = [
-            {"id": "same", "type": "function", "function": {"name": "terminal", "arguments": '{"command": "echo a"}'}},
-            {"id": "same", "type": "function", "function": {"name": "terminal", "arguments": '{"command": "echo b"}'}},
+            {
+                "id": "same",
+                "type": "function",
+                "function": {"name": "terminal", "arguments": '{"command": "echo a"}'},
+            },
+            {
+                "id": "same",
+                "type": "function",
+                "function": {"name": "terminal", "arguments": '{"command": "echo b"}'},
+            },
         ]
         return {"content": None, "reasoning": "two at once", "tool_calls": calls}
 
@@ -47,6 +55,8 @@ def test_parallel_calls_and_max_turns_against_a_real_endpoint() -> None:
 
 def test_tool_script_against_the_server_counts_turns() -> None:
     with OpenAITestServer(tool_script_policy(calls=3, tool="terminal")) as server:
-        result = Agent(model="m", base_url=server.base_url, enabled_toolsets=["terminal"]).run_conversation("x")
+        result = Agent(model="m", base_url=server.base_url, enabled_toolsets=["terminal"]).run_conversation(
+            "x"
+        )
     assert result.completed and result.api_calls == 4
     assert result.tool_stats["terminal"].success == 3

@@ -47,7 +47,9 @@ def test_fifty_prompts_on_modal_with_paced_creation(tmp_path: Path) -> None:
     assert outcome.exit_code == 0
     records = read_jsonl(tmp_path / "modal" / "trajectories.jsonl")
     assert len(records) == 50
-    assert {(r["sandbox"]["backend"], r["sandbox"]["image"]) for r in records} == {("modal", "python:3.11-slim")}
+    assert {(r["sandbox"]["backend"], r["sandbox"]["image"]) for r in records} == {
+        ("modal", "python:3.11-slim")
+    }
     times = sorted(fake.cloud.create_attempts)
     assert len(times) == 50
     for first in range(50):

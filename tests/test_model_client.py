@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from trajkit.ratelimit import RequestLimiter
 from trajkit.testing.openai_server import Fault, OpenAITestServer, RecordedRequest
@@ -36,6 +38,7 @@ def body_key(request: RecordedRequest) -> str:
 
 
 def test_a_faulty_endpoint_still_completes_every_prompt(tmp_path: Path) -> None:
+    """On the default transport; the SDK transport shares the retry loop and the error mapping."""
     dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(100)])
     server = OpenAITestServer(dialect_policy, faults=faulty)
     with server:
@@ -81,10 +84,21 @@ def test_request_limits_hold_across_all_sessions(tmp_path: Path) -> None:
         assert in_one_second <= 10 + 1
 
 
-def test_refused_credentials_stop_the_run_with_one_message(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["aiohttp", "sdk"])
+def test_refused_credentials_stop_the_run_with_one_message(tmp_path: Path, transport: str) -> None:
     dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(40)])
     with OpenAITestServer(dialect_policy, api_key="right") as server:
-        result = run_cli(dataset, tmp_path, server.base_url, "--api_key", "wrong", "--num_workers", "4")
+        result = run_cli(
+            dataset,
+            tmp_path,
+            server.base_url,
+            "--api_key",
+            "wrong",
+            "--num_workers",
+            "4",
+            "--transport",
+            transport,
+        )
         assert server.count <= 4
     assert result.returncode == 1
     assert result.stderr.count("stopping the run") == 1
@@ -94,10 +108,11 @@ def test_refused_credentials_stop_the_run_with_one_message(tmp_path: Path) -> No
     assert "wrong" not in (tmp_path / "r" / "failures.jsonl").read_text()
 
 
-def test_an_unknown_model_fails_fast(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["aiohttp", "sdk"])
+def test_an_unknown_model_fails_fast(tmp_path: Path, transport: str) -> None:
     dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(40)])
     with OpenAITestServer(dialect_policy, models={"real-model"}) as server:
-        result = run_cli(dataset, tmp_path, server.base_url, "--num_workers", "4")
+        result = run_cli(dataset, tmp_path, server.base_url, "--num_workers", "4", "--transport", transport)
         assert server.count <= 4
     assert result.returncode == 1
     assert "model_not_found" in result.stderr and "does not exist" in result.stderr

@@ -47,7 +47,9 @@ def test_an_installed_plugin_package_filters_a_real_run(tmp_path: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
     install_fake_distribution(site, "trajkit-bananas", "trajkit_bananas", BANANA_PLUGIN, "bananas")
-    install_fake_distribution(site, "trajkit-broken", "trajkit_broken", "raise ImportError('no such thing')", "broken")
+    install_fake_distribution(
+        site, "trajkit-broken", "trajkit_broken", "raise ImportError('no such thing')", "broken"
+    )
     env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "peel a banana"}, {"prompt": "peel an orange"}])
 
@@ -55,9 +57,14 @@ def test_an_installed_plugin_package_filters_a_real_run(tmp_path: Path) -> None:
     assert listing.returncode == 0, listing.stderr
     assert "bananas  [trajkit-bananas 0.3]" in listing.stdout
     assert "filters: no_bananas" in listing.stdout
-    assert "BROKEN plugin 'broken' from trajkit-broken 0.3 failed to load: ImportError: no such thing" in listing.stdout
+    assert (
+        "BROKEN plugin 'broken' from trajkit-broken 0.3 failed to load: ImportError: no such thing"
+        in listing.stdout
+    )
 
-    result = trajkit("run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(tmp_path), env=env)
+    result = trajkit(
+        "run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(tmp_path), env=env
+    )
     assert result.returncode == 0, result.stderr
     assert "trajkit-broken" in result.stderr
     rejected = read_jsonl(tmp_path / "r" / "rejected.jsonl")
@@ -97,7 +104,9 @@ def test_duplicate_registrations_name_both_plugins() -> None:
 
     plugin = plugin_with(trajkit_filters=lambda: [Shadow])
     host = load_plugins(entry_points=False, extra=[("shadow", plugin)])
-    with pytest.raises(PluginError, match=r"filter 'no_reasoning' is registered twice: by trajkit\.plugins\.filters"):
+    with pytest.raises(
+        PluginError, match=r"filter 'no_reasoning' is registered twice: by trajkit\.plugins\.filters"
+    ):
         _ = host.filters
 
 
@@ -127,7 +136,9 @@ def test_lifecycle_hooks_fire_in_order(tmp_path: Path) -> None:
             events.append(f"start {run.run_name} {pending}")
 
         @hookimpl
-        def trajkit_trajectory_finished(self, run: hookspecs.RunInfo, record: Record, rejection: str | None) -> None:
+        def trajkit_trajectory_finished(
+            self, run: hookspecs.RunInfo, record: Record, rejection: str | None
+        ) -> None:
             events.append(f"finished {record['prompt_index']} {rejection}")
 
         @hookimpl

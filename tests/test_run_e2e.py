@@ -28,12 +28,17 @@ def dataset_rows() -> list[dict[str, object]]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, OpenAITestServer, str]:
-    tmp = tmp_path_factory.mktemp("e2e")
+@pytest.fixture(scope="module", params=["aiohttp", "sdk"])
+def finished_run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, OpenAITestServer, str]:
+    """One run per transport: the bare aiohttp session (default) and the openai SDK's own path."""
+    tmp = tmp_path_factory.mktemp(f"e2e-{request.param}")
     dataset = write_jsonl(tmp / "prompts.jsonl", dataset_rows())
     prefill = tmp / "prefill.json"
-    prefill.write_text(json.dumps([{"role": "user", "content": "PREFILL-EXAMPLE"}, {"role": "assistant", "content": "ok"}]))
+    prefill.write_text(
+        json.dumps([{"role": "user", "content": "PREFILL-EXAMPLE"}, {"role": "assistant", "content": "ok"}])
+    )
     server = OpenAITestServer(dialect_policy, api_key=SECRET, models={"test-model"})
     server.start()
     result = trajkit(
@@ -48,6 +53,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, OpenAI
         "--num_workers", "8",
         "--ephemeral_system_prompt", "EPHEMERAL-INSTRUCTION",
         "--prefill_messages_file", str(prefill),
+        "--transport", request.param,
     )  # fmt: skip
     server.stop()
     assert result.returncode == 0, result.stderr
@@ -56,7 +62,13 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, OpenAI
 
 def test_run_directory_has_the_four_artifacts(finished_run: tuple[Path, OpenAITestServer, str]) -> None:
     run_dir, _, _ = finished_run
-    for name in ("batch_0.jsonl", "checkpoint.json", "statistics.json", "trajectories.jsonl", "rejected.jsonl"):
+    for name in (
+        "batch_0.jsonl",
+        "checkpoint.json",
+        "statistics.json",
+        "trajectories.jsonl",
+        "rejected.jsonl",
+    ):
         assert (run_dir / name).is_file(), name
     ledger = [r for path in sorted(run_dir.glob("batch_*.jsonl")) for r in read_jsonl(path)]
     assert len(ledger) == 24
@@ -143,13 +155,16 @@ def test_model_saw_ephemeral_and_prefill_but_records_do_not(
     first = requests[0].body["messages"]
     assert "EPHEMERAL-INSTRUCTION" in first[0]["content"]
     assert first[1]["content"] == "PREFILL-EXAMPLE"
-    assert any("OpenAI/Python" in v for k, v in requests[0].headers.items() if k.lower() == "user-agent")
+    agent = next(v for k, v in requests[0].headers.items() if k.lower() == "user-agent")
+    assert agent.startswith("trajkit/") or "OpenAI/Python" in agent
     for path in run_dir.iterdir():
         text = path.read_text()
         assert "EPHEMERAL-INSTRUCTION" not in text and "PREFILL-EXAMPLE" not in text, path.name
 
 
-def test_secret_never_reaches_the_run_directory_or_logs(finished_run: tuple[Path, OpenAITestServer, str]) -> None:
+def test_secret_never_reaches_the_run_directory_or_logs(
+    finished_run: tuple[Path, OpenAITestServer, str],
+) -> None:
     run_dir, _, stderr = finished_run
     assert SECRET not in stderr
     for path in run_dir.iterdir():
@@ -173,7 +188,9 @@ def test_finished_run_resumed_spends_nothing_and_changes_nothing(
     assert after == before
 
 
-def test_rows_are_spread_over_batches_by_finish_order(finished_run: tuple[Path, OpenAITestServer, str]) -> None:
+def test_rows_are_spread_over_batches_by_finish_order(
+    finished_run: tuple[Path, OpenAITestServer, str],
+) -> None:
     run_dir, _, _ = finished_run
     batch_nums = Counter(r["metadata"]["batch_num"] for r in read_jsonl(run_dir / "trajectories.jsonl"))
     assert set(batch_nums) <= {0, 1, 2, 3, 4}

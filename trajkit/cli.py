@@ -147,6 +147,13 @@ def cli() -> None:
 @option("max_rpm", type=float, default=None, help="Model requests per minute at most.")
 @option("max_tpm", type=float, default=None, help="Tokens per minute at most (estimated before each call).")
 @option("max_cost", type=float, default=None, help="Stop starting sessions once the run has cost this much.")
+@option(
+    "transport",
+    type=click.Choice(["aiohttp", "sdk"]),
+    default="aiohttp",
+    show_default=True,
+    help="How model requests are sent: a bare aiohttp session (fast) or the openai SDK's own path.",
+)
 @option("request_timeout", type=float, default=600.0, show_default=True, help="Seconds per model request.")
 @option("sandbox_lifetime", type=float, default=3600.0, show_default=True, help="Seconds a sandbox may live.")
 @option("tool_output_cap", type=int, default=16384, show_default=True, help="Bytes of tool output kept.")
