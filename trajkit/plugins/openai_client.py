@@ -271,6 +271,7 @@ class AiohttpTransport(Transport):
         if self.session is None:
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.connections),
+                cookie_jar=aiohttp.DummyCookieJar(),  # an API needs no cookies; the jar costs CPU per request
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
                 headers={
                     "Authorization": f"Bearer {self.api_key}",
