@@ -221,7 +221,7 @@ class Runner:
         if not image:
             return self.config.sandbox
         for name, backend_class in sorted(self.host.backends.items()):
-            if backend_class.image_based and backend_class(None).owns_image(image):
+            if backend_class.image_based and backend_class.owns_image(image):
                 return name
         return self.config.image_backend
 

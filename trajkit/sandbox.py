@@ -118,8 +118,12 @@ class SandboxBackend(ABC):
     def __init__(self, options: Mapping[str, object] | None = None) -> None:
         self.options: Mapping[str, object] = options or {}
 
-    def owns_image(self, image: str) -> bool:
-        """True if ``image`` is a reference only this backend understands (e.g. ``*.sif``)."""
+    @classmethod
+    def owns_image(cls, image: str) -> bool:
+        """True if ``image`` is a reference only this backend understands (e.g. ``*.sif``).
+
+        A class method: routing asks every installed backend before any of them is made.
+        """
         return False
 
     async def verify_image(self, image: str) -> str | None:

@@ -93,7 +93,8 @@ class SingularityBackend(SandboxBackend):
             )
         return self._engine
 
-    def owns_image(self, image: str) -> bool:
+    @classmethod
+    def owns_image(cls, image: str) -> bool:
         return images.is_remote(image) or images.is_sif_path(image) or images.is_sandbox_dir(image)
 
     async def verify_image(self, image: str) -> str | None:
