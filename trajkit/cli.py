@@ -7,6 +7,7 @@ Every flag of the reference runner is accepted in both spellings (``--dataset_fi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -200,6 +201,7 @@ def execute(config: RunConfig, host: PluginHost) -> int:
     from trajkit.runner import EXIT_USAGE, RunError, Runner
 
     _wait_for_children_in_the_loop()
+    _raise_open_file_limit()
     try:
         runner = Runner(config, host)
         outcome = asyncio.run(runner.run())
@@ -232,6 +234,18 @@ def _wait_for_children_in_the_loop() -> None:
     except OSError:
         return
     asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
+
+
+def _raise_open_file_limit() -> None:
+    """Every session holds a few descriptors (a connection, pipes, files): at hundreds in flight the
+    common soft limit of 1024 runs out, so take as many as the hard limit allows."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def read_prefill(path: Path) -> list[dict[str, Any]]:

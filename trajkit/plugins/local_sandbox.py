@@ -35,6 +35,8 @@ from trajkit.sandbox import (
 
 DEFAULT_CWD = "/work"
 OWNER_FILE = "owner.json"
+INLINE_IO = 256 * 1024
+"""Files up to this size are read and written on the event loop; larger ones in a worker thread."""
 BASE_ENV = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb"}
 
 
@@ -55,6 +57,7 @@ class LocalBackend(SandboxBackend):
             raise SandboxError(f"local sandbox: isolation must be 'none' or 'bwrap', not {self.isolation!r}")
         self.network = str(self.options.get("network", "none"))
         self.shell = shutil.which("bash") or "/bin/sh"
+        self.root_ready = False
         if self.isolation == "bwrap" and not shutil.which("bwrap"):
             raise SandboxError("local sandbox: isolation=bwrap needs bubblewrap (apt-get install bubblewrap)")
 
@@ -62,7 +65,9 @@ class LocalBackend(SandboxBackend):
         cwd = spec.cwd or DEFAULT_CWD
         if not cwd.startswith("/"):
             cwd = f"{DEFAULT_CWD}/{cwd}"
-        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.root_ready:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.root_ready = True
         base = Path(tempfile.mkdtemp(prefix=f"{spec.run_id}.", dir=self.root))
         owner = {"owner": owner_tag(), "deadline": time.time() + spec.lifetime}
         (base / OWNER_FILE).write_text(json.dumps(owner))
@@ -194,7 +199,10 @@ class LocalSandbox(Sandbox):
     async def read_file(self, path: str) -> bytes:
         if self.closed:
             raise SandboxError("sandbox is closed")
-        return await asyncio.to_thread(self.host_path(path).read_bytes)
+        target = self.host_path(path)
+        if target.is_file() and target.stat().st_size <= INLINE_IO:
+            return target.read_bytes()  # a thread handoff costs more CPU than a small read
+        return await asyncio.to_thread(target.read_bytes)
 
     async def write_file(self, path: str, data: bytes) -> None:
         if self.closed:
@@ -205,7 +213,10 @@ class LocalSandbox(Sandbox):
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
 
-        await asyncio.to_thread(write)
+        if len(data) <= INLINE_IO:
+            write()  # a thread handoff costs more CPU than a small write
+        else:
+            await asyncio.to_thread(write)
 
     async def close(self) -> None:
         if not self.closed:

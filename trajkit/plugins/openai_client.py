@@ -306,8 +306,20 @@ class SDKTransport(Transport):
         import openai
 
         if self.client is None:
+            try:
+                import httpx2 as httpx  # the SDK's HTTP layer in openai 3.x
+            except ImportError:  # pragma: no cover - older SDKs
+                import httpx  # type: ignore[no-redef]
+            # The SDK's default pool holds 100 connections: far fewer than the sessions in flight.
+            limits = httpx.Limits(
+                max_connections=self.connections, max_keepalive_connections=self.connections
+            )
             self.client = openai.AsyncOpenAI(
-                api_key=self.api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0
+                api_key=self.api_key,
+                base_url=self.base_url,
+                timeout=self.timeout,
+                max_retries=0,
+                http_client=openai.DefaultAioHttpClient(timeout=self.timeout, limits=limits),
             )
         try:
             return await self.client.post("/chat/completions", cast_to=bytes, body=body)
