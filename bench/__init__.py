@@ -1,0 +1,1 @@
+"""Benchmarks of the trajkit harness: see BENCHMARKS.md at the repository root."""
