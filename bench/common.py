@@ -217,6 +217,21 @@ class LoadServer:
             proc.stdout.close()
 
 
+def add_run_args(parser: Any, *, keep_help: str) -> None:
+    """The flags every benchmark that runs ``trajkit run`` shares."""
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run at most (default 600)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--keep", type=Path, help=keep_help)
+    parser.add_argument(
+        "--trajkit-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for 'trajkit run', repeatable (e.g. --trajkit-arg=--transport=sdk)",
+    )
+    add_source_arg(parser)
+
+
 def add_source_arg(parser: Any) -> None:
     parser.add_argument(
         "--source",

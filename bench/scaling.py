@@ -37,17 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--waves", type=float, default=3.0, help="prompts = waves x in-flight (default 3)")
     parser.add_argument("--min-prompts", type=int, default=3, help="at least this many prompts per run")
     parser.add_argument("--max-prompts", type=int, default=10000, help="at most this many prompts per run")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run at most (default 600)")
-    parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--keep", type=Path, help="keep the run directories here")
-    parser.add_argument(
-        "--trajkit-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="extra argument for 'trajkit run', repeatable (e.g. --trajkit-arg=--transport=sdk)",
-    )
-    common.add_source_arg(parser)
+    common.add_run_args(parser, keep_help="keep the run directories here")
     args = parser.parse_args(argv)
     args.inflight = [int(x) for x in args.inflight.split(",") if x.strip()]
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]

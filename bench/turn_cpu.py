@@ -38,17 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="profile one extra run of --prompts (default py-spy when installed, else cProfile)",
     )
     parser.add_argument("--top", type=int, default=15, help="profile rows to show")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run at most")
-    parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--keep", type=Path, help="keep run directories and profiles here")
-    parser.add_argument(
-        "--trajkit-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="extra argument for 'trajkit run', repeatable (e.g. --trajkit-arg=--transport=sdk)",
-    )
-    common.add_source_arg(parser)
+    common.add_run_args(parser, keep_help="keep run directories and profiles here")
     args = parser.parse_args(argv)
     if not 0 < args.base_prompts < args.prompts:
         parser.error("need 0 < --base-prompts < --prompts")
