@@ -18,7 +18,6 @@ log = logging.getLogger("trajkit")
 @dataclass
 class Counters:
     total: int = 0
-    done_before: int = 0
     succeeded: int = 0
     rejected: int = 0
     failed: int = 0

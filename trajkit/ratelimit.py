@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 class LimiterStats:
     waited_s: float = 0.0
     throttled: int = 0
-    concurrency_floor: int = 0
 
 
 @dataclass
@@ -106,4 +105,3 @@ class RequestLimiter:
                 self.ceiling = 2 * current
             self.allowed = max(1, current // 2)
             self.successes = 0
-            self.stats.concurrency_floor = min(self.stats.concurrency_floor or self.allowed, self.allowed)

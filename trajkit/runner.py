@@ -29,7 +29,17 @@ from trajkit.distributions import Distribution, rng_for
 from trajkit.filters import TrajectoryFilter
 from trajkit.finalize import REJECTED_FILE, failure_summary, finalize, rejection
 from trajkit.hookspecs import RunInfo
-from trajkit.ledger import FAILURES_FILE, AppendLog, LedgerWriter, assign, batch_files, read_jsonl, scan
+from trajkit.ledger import (
+    FAILURES_FILE,
+    AppendLog,
+    LedgerIndex,
+    LedgerWriter,
+    Location,
+    assign,
+    batch_files,
+    read_jsonl,
+    scan,
+)
 from trajkit.ledger import write_json_atomic as save_json
 from trajkit.manager import PluginError, PluginHost
 from trajkit.model import ModelClient, ModelError
@@ -156,10 +166,10 @@ class Runner:
         if not items and row_errors:
             raise RunError(f"no valid rows in {self.config.dataset_file}")
 
-        paired = assign(items, scan(self.run_dir))
+        index = scan(self.run_dir)
+        paired = assign(items, index)
         pending = [item for item, location in paired if location is None]
         self.counters.total = len(pending)
-        self.counters.done_before = len(paired) - len(pending)
         started = datetime.now(UTC)
         if (self.run_dir / STATISTICS_FILE).exists():
             self.prior_cost = json.loads((self.run_dir / STATISTICS_FILE).read_text()).get("cost", 0.0)
@@ -167,9 +177,11 @@ class Runner:
             self._record_invocation_start(started, len(pending))
             await self._execute(pending, routes)
             self._record_invocation_end(started)
+            index = scan(self.run_dir)  # the ledger grew: plan the merge on what it holds now
+            paired = assign(items, index)
         else:
             log.info("nothing to do: all %d rows of the dataset are done", len(paired))
-        statistics = self._finalize(items)
+        statistics = self._finalize(index, paired)
         self.host.run_end(self.info, statistics)
         return RunOutcome(self._exit_code(statistics, row_errors), statistics, row_errors)
 
@@ -555,11 +567,9 @@ class Runner:
         )
         save_json(self.run_dir / MANIFEST_FILE, manifest)
 
-    def _finalize(self, items: list[WorkItem]) -> dict[str, Any]:
-        index = scan(self.run_dir)
+    def _finalize(self, index: LedgerIndex, paired: list[tuple[WorkItem, Location | None]]) -> dict[str, Any]:
         for torn in index.torn:
             log.warning("ignored an incomplete ledger line in %s (a write cut off by a crash)", torn)
-        paired = assign(items, index)
         pending = {item.work_id for item, location in paired if location is None}
         records = finalize(self.run_dir, paired, index, self.filters, self.writers, self.run_tools)
         manifest = self._manifest()
