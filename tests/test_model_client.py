@@ -84,7 +84,7 @@ def test_request_limits_hold_across_all_sessions(tmp_path: Path) -> None:
         assert in_one_second <= 10 + 1
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "sdk"])
+@pytest.mark.parametrize("transport", ["builtin", "aiohttp", "sdk"])
 def test_refused_credentials_stop_the_run_with_one_message(tmp_path: Path, transport: str) -> None:
     dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(40)])
     with OpenAITestServer(dialect_policy, api_key="right") as server:
@@ -108,7 +108,7 @@ def test_refused_credentials_stop_the_run_with_one_message(tmp_path: Path, trans
     assert "wrong" not in (tmp_path / "r" / "failures.jsonl").read_text()
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "sdk"])
+@pytest.mark.parametrize("transport", ["builtin", "aiohttp", "sdk"])
 def test_an_unknown_model_fails_fast(tmp_path: Path, transport: str) -> None:
     dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(40)])
     with OpenAITestServer(dialect_policy, models={"real-model"}) as server:

@@ -151,10 +151,11 @@ def cli() -> None:
 @option("max_cost", type=float, default=None, help="Stop starting sessions once the run has cost this much.")
 @option(
     "transport",
-    type=click.Choice(["aiohttp", "sdk"]),
-    default="aiohttp",
+    type=click.Choice(["builtin", "aiohttp", "sdk"]),
+    default="builtin",
     show_default=True,
-    help="How model requests are sent: a bare aiohttp session (fast) or the openai SDK's own path.",
+    help="How model requests are sent: trajkit's own HTTP/1.1 client (least CPU), a bare aiohttp "
+    "session (honours proxies), or the openai SDK's own path.",
 )
 @option("request_timeout", type=float, default=600.0, show_default=True, help="Seconds per model request.")
 @option("sandbox_lifetime", type=float, default=3600.0, show_default=True, help="Seconds a sandbox may live.")

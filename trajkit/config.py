@@ -78,8 +78,9 @@ class RunConfig(BaseModel):
     reasoning_disabled: bool = False
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = None
-    transport: Literal["aiohttp", "sdk"] = "aiohttp"
-    """How the OpenAI-compatible client sends requests: a bare aiohttp session, or the SDK's own path."""
+    transport: Literal["builtin", "aiohttp", "sdk"] = "builtin"
+    """How the OpenAI-compatible client sends requests: trajkit's own HTTP/1.1 client, a bare aiohttp
+    session, or the SDK's own path."""
     request_timeout: float = Field(600.0, gt=0)
     max_retries: int = Field(6, ge=0)
     retry_budget: float = Field(900.0, gt=0)

@@ -1,9 +1,10 @@
 """The OpenAI-compatible model client (OpenRouter, OpenAI, vLLM, SGLang, Ollama, ...).
 
-It goes through the ``openai`` SDK's async client for transport, retries and error classes, but
-posts the request as a plain dict and reads the raw JSON back: the SDK's typed request
-transformation and response models cost more CPU per call than the rest of a turn, and the raw
-JSON also keeps the reasoning fields that each endpoint names differently.
+It posts the request as a plain dict and reads the raw JSON back: typed request and response
+models cost more CPU per call than the rest of a turn, and the raw JSON keeps the reasoning
+fields that each endpoint names differently. Three transports carry the request: trajkit's own
+HTTP/1.1 client (the default, the least CPU per request), a bare aiohttp session, and the
+``openai`` SDK's own request path; retries and error mapping are the same for all three.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import random
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -32,6 +33,7 @@ from trajkit.model import (
     ModelNotFound,
     parse_assistant_message,
 )
+from trajkit.plugins.http_client import ConnectionPool, HTTPError
 from trajkit.ratelimit import RequestLimiter
 
 if TYPE_CHECKING:
@@ -133,7 +135,11 @@ class OpenAIClient(ModelClient):
 
     @classmethod
     def from_config(cls, config: RunConfig) -> OpenAIClient:
-        transport_class = {"aiohttp": AiohttpTransport, "sdk": SDKTransport}[config.transport]
+        transport_class: Callable[..., Transport] = {
+            "builtin": BuiltinTransport,
+            "aiohttp": AiohttpTransport,
+            "sdk": SDKTransport,
+        }[config.transport]
         transport = transport_class(
             resolve_api_key(config),
             config.base_url,
@@ -256,11 +262,43 @@ class Transport(ABC):
     async def aclose(self) -> None: ...
 
 
-class AiohttpTransport(Transport):
-    """A bare aiohttp session: about half the CPU per request of the SDK's own path (BENCHMARKS.md).
+class BuiltinTransport(Transport):
+    """trajkit's own keep-alive HTTP/1.1 client (:mod:`trajkit.plugins.http_client`).
 
     At hundreds of sessions in flight the client's CPU per request bounds the whole run's
-    throughput, so this is the default. The session is made on first use, inside the run's loop.
+    throughput, and this one spends a fraction of aiohttp's (BENCHMARKS.md), so it is the default.
+    It does not go through HTTP proxies: use ``--transport aiohttp`` or ``sdk`` behind one.
+    """
+
+    pool: ConnectionPool | None = None
+
+    async def post(self, body: dict[str, Any]) -> bytes:
+        if self.pool is None:
+            self.pool = ConnectionPool(
+                self.base_url,
+                {"Authorization": f"Bearer {self.api_key}", "User-Agent": f"trajkit/{__version__}"},
+                limit=self.connections,
+            )
+        try:
+            async with asyncio.timeout(self.timeout):
+                response = await self.pool.post("/chat/completions", _dumps(body))
+        except TimeoutError:
+            raise _Retry("timeout", "the request timed out", None) from None
+        except HTTPError as exc:
+            raise _Retry("connection_error", f"connection failed: {exc}", None) from None
+        if response.status >= 400:
+            raise _status_error(response.status, _error_text(response.body), response.headers)
+        return response.body
+
+    async def aclose(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+
+
+class AiohttpTransport(Transport):
+    """A bare aiohttp session (``--transport aiohttp``): honours aiohttp's features, e.g. proxies.
+
+    The session is made on first use, inside the run's loop.
     """
 
     session: aiohttp.ClientSession | None = None
