@@ -128,7 +128,12 @@ def _template() -> list[str]:
         "sandbox": {"backend": "local", "image": None, "digest": None},
     }
     TrajectoryRecord.model_validate(record)
-    text = json.dumps(record, ensure_ascii=False)
+    try:  # the ledger as the measured trajkit writes it
+        from trajkit.jsonutil import dumps_bytes
+
+        text = dumps_bytes(record).decode()
+    except ImportError:  # a trajkit from before orjson ledgers (--source)
+        text = json.dumps(record, ensure_ascii=False)
     parts = [text]
     for sentinel in SENTINELS:
         parts = [piece for part in parts for piece in _split_keep(part, sentinel)]

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import math
+import os
+import threading
+import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.helpers import write_jsonl
+from trajkit import ledger as ledger_module
 from trajkit.dataset import read_dataset
-from trajkit.ledger import LedgerWriter, assign, batch_files, scan
+from trajkit.jsonutil import dumps_bytes, dumps_line, loads
+from trajkit.ledger import AppendLog, LedgerWriter, RecordReader, assign, batch_files, scan
 
 
 def finished(ledger: LedgerWriter, work_id: str) -> None:
@@ -62,3 +73,181 @@ def test_ledger_lines_are_complete_json(tmp_path: Path) -> None:
     ledger.close()
     lines = [json.loads(line) for _, p in batch_files(tmp_path) for line in p.read_text().splitlines()]
     assert [line["work_id"] for line in lines] == [f"p{i}.0" for i in range(7)]
+
+
+# -- ledger lines: orjson and its fallback ----------------------------------------------------------
+
+HEX_ID = "0123456789abcdef0123"
+
+
+def test_scan_reads_the_work_id_of_either_spelling_without_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = {"work_id": f"{HEX_ID}.0", "prompt_id": HEX_ID, "value": "x"}
+    older = {**record, "work_id": f"{HEX_ID}.1"}
+    with (tmp_path / "batch_0.jsonl").open("w") as handle:
+        handle.write(json.dumps(older, ensure_ascii=False) + "\n")  # as ledgers were written before
+    ledger = LedgerWriter(tmp_path, batch_size=10)
+    ledger.append(record)
+    ledger.close()
+    assert (tmp_path / "batch_1.jsonl").read_bytes().startswith(b'{"work_id":"')
+
+    def no_parsing(raw: bytes) -> None:
+        raise AssertionError(f"parsed {raw[:40]!r}")
+
+    monkeypatch.setattr(ledger_module, "loads", no_parsing)
+    index = scan(tmp_path)
+    assert sorted(index.records) == [f"{HEX_ID}.0", f"{HEX_ID}.1"]
+    assert index.by_prompt == {HEX_ID: [1, 0]}
+
+
+ORJSON_REFUSES: dict[str, dict[Any, Any]] = {
+    "lone surrogate": {"value": "model output \ud800 cut in half", "reasoning": "\udfff"},
+    "integers beyond 64 bits": {"big": 2**70, "negative": -(2**64), "nested": [{"n": 10**30}]},
+    "non-string keys": {"tool_stats": {1: 2}},
+}
+
+
+@pytest.mark.parametrize("shape", ORJSON_REFUSES)
+def test_values_orjson_refuses_are_written_and_read_back_exactly(tmp_path: Path, shape: str) -> None:
+    record = {"work_id": f"{HEX_ID}.0", "prompt_id": HEX_ID, **ORJSON_REFUSES[shape]}
+    ledger = LedgerWriter(tmp_path, batch_size=10)
+    ledger.append(record)
+    ledger.append({"work_id": f"{HEX_ID}.1", "prompt_id": HEX_ID})
+    ledger.close()
+    raw = (tmp_path / "batch_0.jsonl").read_bytes()
+    raw.decode("utf-8")  # valid UTF-8 whatever the record held
+    index = scan(tmp_path)
+    assert sorted(index.records) == [f"{HEX_ID}.0", f"{HEX_ID}.1"] and not index.torn
+    reader = RecordReader(index)
+    read = reader.read(index.records[f"{HEX_ID}.0"])
+    reader.close()
+    assert read == json.loads(json.dumps(record))  # what json.dumps then json.loads keeps
+
+
+def test_loads_is_exact_for_both_spellings() -> None:
+    value = {
+        "work_id": "a.0",
+        "floats": [0.1, 1e-07, 1e16, 4.321, -0.0, 2.5e-308, 1.7976931348623157e308],
+        "ints": [0, -1, 2**63 - 1, 2**64 - 1, -(2**63)],
+        "text": 'é ✓ 你好 \U0001f600 "quoted" \\ \n',
+        "nested": {"a": [None, True, False, {}], "": []},
+    }
+    for text in (
+        dumps_bytes(value),
+        json.dumps(value).encode(),
+        json.dumps(value, ensure_ascii=False).encode(),
+    ):
+        got = loads(text)
+        assert got == value and json.dumps(got) == json.dumps(value)
+    # Written by json.dumps (an older ledger): orjson would read these integers as floats.
+    assert (
+        loads(b'{"work_id": "a.0", "n": 123456789012345678901234567890}')["n"]
+        == 123456789012345678901234567890
+    )
+    assert math.isnan(loads(b'{"work_id": "a.0", "x": NaN}')["x"])  # json's NaN, which orjson refuses
+
+
+def test_dumps_line_is_one_compact_line() -> None:
+    assert dumps_line({"work_id": "a.0", "b": [1, 2]}) == b'{"work_id":"a.0","b":[1,2]}\n'
+    assert dumps_line({"n": 2**70}) == b'{"n": 1180591620717411303424}\n'
+
+
+# -- fsync: off the caller's thread, never on a closed descriptor -----------------------------------
+
+
+class FsyncSpy:
+    """Stands in for os.fsync: notes the thread and the file, checks the descriptor is still open."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.calls: list[tuple[str, str]] = []
+        self.release = threading.Event()
+        self.release.set()
+
+    def __call__(self, fd: int) -> None:
+        self.release.wait(10)
+        time.sleep(self.delay)
+        os.fstat(fd)  # EBADF if the descriptor was closed under this fsync
+        self.calls.append((threading.current_thread().name, Path(os.readlink(f"/proc/self/fd/{fd}")).name))
+
+
+def open_files(directory: Path) -> list[str]:
+    found = []
+    for entry in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = Path(os.readlink(entry))
+            if target.parent == directory:
+                found.append(target.name)
+    return found
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
+
+
+@needs_proc
+def test_periodic_fsync_runs_on_its_own_thread_and_close_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = FsyncSpy(delay=0.2)
+    monkeypatch.setattr(os, "fsync", spy)
+    log = AppendLog(tmp_path / "f.jsonl")
+    log.append({"work_id": "a.0"})  # the first line starts an fsync: slow, still running below
+    log.close()
+    here = threading.current_thread().name
+    assert [name for _, name in spy.calls] == ["f.jsonl", "f.jsonl"]
+    assert spy.calls[0][0].startswith("trajkit-fsync") and spy.calls[1][0] == here
+    assert open_files(tmp_path) == []
+    assert (tmp_path / "f.jsonl").read_bytes() == b'{"work_id":"a.0"}\n'
+
+
+@needs_proc
+def test_a_slow_disk_gets_one_fsync_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spy = FsyncSpy()
+    spy.release.clear()
+    monkeypatch.setattr(os, "fsync", spy)
+    monkeypatch.setattr(ledger_module, "FSYNC_INTERVAL", 0.0)
+    log = AppendLog(tmp_path / "f.jsonl")
+    for i in range(20):
+        log.append({"work_id": f"a.{i}"})  # every line is due an fsync; the first one hangs
+    assert len((tmp_path / "f.jsonl").read_bytes().splitlines()) == 20  # lines are not held back
+    spy.release.set()
+    log.close()
+    assert len(spy.calls) == 2  # the one that hung, then close's own
+
+
+@needs_proc
+def test_full_batch_files_are_closed_off_the_caller_s_thread_and_all_synced_by_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = FsyncSpy(delay=0.05)
+    monkeypatch.setattr(os, "fsync", spy)
+    monkeypatch.setattr(ledger_module, "FSYNC_INTERVAL", 3600.0)
+    ledger = LedgerWriter(tmp_path, batch_size=2)
+    for i in range(5):
+        finished(ledger, f"p{i}.0")
+    ledger.close()
+    here = threading.current_thread().name
+    last = {name: thread for thread, name in spy.calls}
+    assert set(last) == {"batch_0.jsonl", "batch_1.jsonl", "batch_2.jsonl"}
+    assert last["batch_0.jsonl"] != here and last["batch_1.jsonl"] != here and last["batch_2.jsonl"] == here
+    assert open_files(tmp_path) == []
+    assert [line["work_id"] for _, p in batch_files(tmp_path) for line in map(json.loads, p.open())] == [
+        f"p{i}.0" for i in range(5)
+    ]
+
+
+def test_a_failed_background_fsync_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_fsync = os.fsync
+
+    def failing_in_background(fd: int) -> None:
+        if threading.current_thread().name.startswith("trajkit-fsync"):
+            raise OSError(errno.EIO, "I/O error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_in_background)
+    log = AppendLog(tmp_path / "f.jsonl")
+    log.append({"work_id": "a.0"})
+    with pytest.raises(OSError, match="I/O error"):
+        log.close()
+    assert log.fd is None

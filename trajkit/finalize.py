@@ -7,7 +7,6 @@ the run, not just the last.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Any
 
 from trajkit.dataset import WorkItem
 from trajkit.filters import Record, TrajectoryFilter
+from trajkit.jsonutil import dumps_line
 from trajkit.ledger import FAILURES_FILE, LedgerIndex, Location, RecordReader, atomic_replace, read_jsonl
 from trajkit.writers import OutputWriter
 
@@ -139,7 +139,7 @@ def finalize(
     try:
         with (
             atomic_replace(run_dir / REJECTED_FILE) as rejected_path,
-            rejected_path.open("w") as rejected_out,
+            rejected_path.open("wb") as rejected_out,
         ):
 
             def kept() -> Iterator[dict[str, Any]]:
@@ -153,7 +153,7 @@ def finalize(
                             "prompt_index": record["prompt_index"],
                             "reason": reason,
                         }
-                        rejected_out.write(json.dumps({**line, "record": record}, ensure_ascii=False) + "\n")
+                        rejected_out.write(dumps_line({**line, "record": record}))
 
             first, *others = writers
             with atomic_replace(run_dir / first.filename) as path:

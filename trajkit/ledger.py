@@ -1,9 +1,10 @@
 """The run's ledger: append-only ``batch_N.jsonl`` files, one line per successful session.
 
-One writer, in the driving process. Lines are flushed as each prompt finishes (a killed process
-loses nothing it wrote) and fsynced in small groups (a power loss loses at most a moment). Each
-invocation starts a new batch file after the highest existing one, so no file is ever appended
-to by two invocations. Reading tolerates a torn last line.
+One writer, in the driving process. Each line is handed to the OS as its prompt finishes (a killed
+process loses nothing it wrote) and fsynced in small groups on a thread of its own (a power loss
+loses at most a moment; a slow disk never stalls the sessions). Each invocation starts a new batch
+file after the highest existing one, so no file is ever appended to by two invocations. Reading
+tolerates a torn last line.
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ import json
 import os
 import re
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 from trajkit.dataset import WorkItem
+from trajkit.jsonutil import dumps_line, loads
 
 BATCH_FILE = re.compile(r"^batch_(\d+)\.jsonl$")
 FAILURES_FILE = "failures.jsonl"
@@ -80,8 +84,9 @@ def scan(run_dir: Path) -> LedgerIndex:
 
 
 # Records are written with their work_id first, so the index can be built without parsing each
-# record (ten times faster on a large ledger); anything else falls back to a full parse.
-_WORK_ID_PREFIX = re.compile(rb'\{"work_id": "([0-9a-f]+\.[0-9]+)", ')
+# record (ten times faster on a large ledger); anything else falls back to a full parse. Both
+# spellings: orjson's compact one, and json.dumps' (older ledgers, and orjson's fallback).
+_WORK_ID_PREFIX = re.compile(rb'\{"work_id": ?"([0-9a-f]+\.[0-9]+)",')
 
 
 def _work_id(raw: bytes) -> str | None:
@@ -91,7 +96,7 @@ def _work_id(raw: bytes) -> str | None:
     if match and raw.endswith(b"}\n"):
         return match.group(1).decode()
     try:
-        work_id = json.loads(raw).get("work_id")
+        work_id = loads(raw).get("work_id")
     except (ValueError, AttributeError):
         return None
     return work_id if isinstance(work_id, str) and "." in work_id else None
@@ -109,7 +114,7 @@ class RecordReader:
         if handle is None:
             handle = self.handles[location.file] = self.index.paths[location.file].open("rb")
         handle.seek(location.offset)
-        record: dict[str, Any] = json.loads(handle.readline())
+        record: dict[str, Any] = loads(handle.readline())
         return record
 
     def close(self) -> None:
@@ -119,29 +124,97 @@ class RecordReader:
 
 
 class AppendLog:
-    """A JSONL file appended line by line: flushed per line, fsynced at most every half second."""
+    """A JSONL file appended line by line: each line handed to the OS as it comes, fsynced at most
+    every half second on the fsync thread (never on the caller's), and on disk once closed."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.handle: IO[str] | None = None
+        self.fd: int | None = None
         self.last_sync = 0.0
+        self.syncing: Future[None] | None = None
+        """This file's fsync on the fsync thread, until it is seen done."""
 
     def append(self, entry: dict[str, Any]) -> None:
-        if self.handle is None:
-            self.handle = self.path.open("a", encoding="utf-8")
-        self.handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
-        self.handle.flush()
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        _write_all(self.fd, dumps_line(entry))
         now = time.monotonic()
         if now - self.last_sync > FSYNC_INTERVAL:
-            os.fsync(self.handle.fileno())
+            if self.syncing is not None:
+                if not self.syncing.done():
+                    return  # a slow disk: one fsync at a time, the next after this one
+                syncing, self.syncing = self.syncing, None
+                syncing.result()  # an fsync that failed is raised here, as it was on this thread
+            self.syncing = _in_background(functools.partial(os.fsync, self.fd))
             self.last_sync = now
 
     def close(self) -> None:
-        if self.handle is not None:
-            self.handle.flush()
-            os.fsync(self.handle.fileno())
-            self.handle.close()
-            self.handle = None
+        """Fsync and close on the caller's thread: the file is on disk when this returns."""
+        fd, syncing = self._detach()
+        if fd is None:
+            return
+        try:
+            if syncing is not None:
+                wait([syncing])  # never close the descriptor under its running fsync
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if syncing is not None:
+            syncing.result()  # that fsync failed: the final one succeeding does not undo it
+
+    def close_in_background(self) -> Future[None] | None:
+        """Fsync and close on the fsync thread, after this file's running fsync; the caller waits for
+        neither. The returned future is done when the file is on disk (or holds the fsync's error)."""
+        fd, syncing = self._detach()
+        if fd is None:
+            return None
+
+        def fsync_and_close() -> None:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if syncing is not None:
+                syncing.result()  # done: it ran before this, on the same thread
+
+        return _in_background(fsync_and_close)
+
+    def _detach(self) -> tuple[int | None, Future[None] | None]:
+        fd, syncing = self.fd, self.syncing
+        self.fd = self.syncing = None
+        return fd, syncing
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    written = os.write(fd, data)
+    while written < len(data):  # a short write; a full disk raises on the next one
+        data = data[written:]
+        written = os.write(fd, data)
+
+
+_fsync_thread: ThreadPoolExecutor | None = None
+_fsync_thread_lock = threading.Lock()
+
+
+def _in_background(work: Callable[[], None]) -> Future[None]:
+    """Run ``work`` on the one fsync thread. Jobs run one at a time in the order given, so a file's
+    close always comes after its fsyncs and no fsync ever meets a closed descriptor."""
+    global _fsync_thread
+    with _fsync_thread_lock:
+        if _fsync_thread is None:
+            _fsync_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajkit-fsync")
+        try:
+            return _fsync_thread.submit(work)
+        except RuntimeError:  # the interpreter is shutting down: no new threads, so do it here
+            pass
+    done: Future[None] = Future()
+    try:
+        work()
+    except Exception as exc:
+        done.set_exception(exc)
+    else:
+        done.set_result(None)
+    return done
 
 
 class LedgerWriter:
@@ -154,6 +227,8 @@ class LedgerWriter:
         self.batch = existing[-1][0] + 1 if existing else 0
         self.lines_in_batch = 0
         self.log = AppendLog(self._path())
+        self.closing: list[Future[None]] = []
+        """Full batch files being fsynced and closed on the fsync thread."""
 
     def _path(self) -> Path:
         return self.run_dir / f"batch_{self.batch}.jsonl"
@@ -164,7 +239,10 @@ class LedgerWriter:
 
     def append(self, record: dict[str, Any]) -> None:
         if self.lines_in_batch >= self.batch_size:
-            self.log.close()
+            closing = self.log.close_in_background()
+            self.closing = [f for f in self.closing if not f.done() or f.exception() is not None]
+            if closing is not None:
+                self.closing.append(closing)
             self.batch += 1
             self.lines_in_batch = 0
             self.log = AppendLog(self._path())
@@ -172,7 +250,13 @@ class LedgerWriter:
         self.lines_in_batch += 1
 
     def close(self) -> None:
-        self.log.close()
+        """Every batch file of this writer is on disk when this returns (an fsync error is raised)."""
+        try:
+            self.log.close()
+        finally:
+            closing, self.closing = self.closing, []
+            for future in closing:
+                future.result()
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
@@ -184,7 +268,7 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             if not raw.endswith(b"\n"):
                 continue
             try:
-                entry = json.loads(raw)
+                entry = loads(raw)
             except ValueError:
                 continue
             if isinstance(entry, dict):

@@ -7,6 +7,8 @@ it does not apply), so Arrow and ``datasets`` see one schema.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -116,3 +118,188 @@ def tool_columns(
             failure=stat.failure if stat else 0,
         )
     return stats, {name: stat.failure for name, stat in stats.items()}
+
+
+def trajectory_record(
+    result: ConversationResult,
+    run_tools: Sequence[str],
+    *,
+    work_id: str,
+    prompt_id: str,
+    prompt_index: int,
+    metadata: dict[str, Any],
+    toolsets_used: list[str],
+    tools_offered: list[str],
+    duration_s: float,
+    attempt: int,
+    backend: str,
+    image: str | None,
+    digest: str | None,
+) -> TrajectoryRecord:
+    """A finished session's record, built and validated through the models."""
+    tool_stats, tool_errors = tool_columns(result, list(run_tools))
+    usage = result.usage
+    return TrajectoryRecord(
+        work_id=work_id,
+        prompt_id=prompt_id,
+        prompt_index=prompt_index,
+        conversations=conversation_turns(result.messages),
+        metadata=metadata,
+        completed=result.completed,
+        partial=not result.completed,
+        api_calls=result.api_calls,
+        toolsets_used=toolsets_used,
+        tools_offered=tools_offered,
+        tool_stats=tool_stats,
+        tool_error_counts=tool_errors,
+        invalid_tool_calls=result.invalid_tool_calls,
+        usage=UsageRecord(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            total_tokens=usage.prompt_tokens + usage.completion_tokens,
+            cost=usage.cost,
+        ),
+        duration_s=duration_s,
+        attempt=attempt,
+        finish_reason=result.finish_reason,
+        sandbox=SandboxRecord(backend=backend, image=image, digest=digest),
+    )
+
+
+_OPTIONAL_STR = frozenset({str, type(None)})
+_JSON_SCALAR = frozenset({str, int, bool, type(None)})
+_NOT_PLAIN = object()
+
+
+def record_json(
+    result: ConversationResult,
+    run_tools: Sequence[str],
+    *,
+    work_id: str,
+    prompt_id: str,
+    prompt_index: int,
+    metadata: dict[str, Any],
+    toolsets_used: list[str],
+    tools_offered: list[str],
+    duration_s: float,
+    attempt: int,
+    backend: str,
+    image: str | None,
+    digest: str | None,
+) -> dict[str, Any]:
+    """``trajectory_record(...).to_json_dict()`` for the same arguments, without building the models.
+
+    The record is assembled as JSON directly (several times cheaper: this runs on the event loop
+    for every trajectory). Every value that comes from outside trajkit's own counting (the model
+    client's messages, usage and finish reason, tool names, the dataset's fields, the image
+    digest) is checked to already be what the model would give; if one is not (an int cost, a
+    float token count, a NaN or a tuple among the dataset's fields, a content that is no string),
+    the record goes through :class:`TrajectoryRecord`, which coerces or rejects it as ever.
+    ``tests/test_records.py`` holds the two paths to the same output, keys and order included.
+    """
+    plain = True
+    conversations = []
+    for message in result.messages:
+        value = message.get("content") or ""
+        reasoning = message.get("reasoning")
+        tool_call_id = message.get("tool_call_id")
+        name = message.get("name")
+        calls = []
+        for call in message.get("tool_calls") or ():
+            function = call["function"]
+            call_id, call_name, arguments = call["id"], function["name"], function["arguments"]
+            plain = plain and type(call_id) is str and type(call_name) is str and type(arguments) is str
+            calls.append({"id": call_id, "name": call_name, "arguments": arguments})
+        plain = (
+            plain
+            and type(value) is str
+            and type(reasoning) in _OPTIONAL_STR
+            and type(tool_call_id) in _OPTIONAL_STR
+            and type(name) in _OPTIONAL_STR
+        )
+        conversations.append(
+            {
+                "from": ROLE_NAMES[message["role"]],
+                "value": value,
+                "reasoning": reasoning,
+                "tool_calls": calls,
+                "tool_call_id": tool_call_id,
+                "name": name,
+            }
+        )
+    stats = result.tool_stats
+    tool_stats = {}
+    for tool in run_tools:
+        stat = stats.get(tool)
+        tool_stats[tool] = (
+            {"count": stat.count, "success": stat.success, "failure": stat.failure}
+            if stat
+            else {"count": 0, "success": 0, "failure": 0}
+        )
+    usage = result.usage
+    prompt_tokens, completion_tokens, cost = usage.prompt_tokens, usage.completion_tokens, usage.cost
+    metadata_json = _plain_copy(metadata)
+    plain = (
+        plain
+        and type(prompt_tokens) is int
+        and type(completion_tokens) is int
+        and (cost is None or (type(cost) is float and math.isfinite(cost)))
+        and type(duration_s) is float
+        and math.isfinite(duration_s)
+        and type(result.finish_reason) in _OPTIONAL_STR
+        and type(digest) in _OPTIONAL_STR
+        and metadata_json is not _NOT_PLAIN
+        and all(type(tool) is str for tool in tool_stats)
+        and all(type(tool) is str for tool in tools_offered)
+        and all(type(toolset) is str for toolset in toolsets_used)
+    )
+    record = {
+        "work_id": work_id,
+        "prompt_id": prompt_id,
+        "prompt_index": prompt_index,
+        "conversations": conversations,
+        "metadata": metadata_json if plain else metadata,
+        "completed": result.completed,
+        "partial": not result.completed,
+        "api_calls": result.api_calls,
+        "toolsets_used": list(toolsets_used),
+        "tools_offered": list(tools_offered),
+        "tool_stats": tool_stats,
+        "tool_error_counts": {tool: stat["failure"] for tool, stat in tool_stats.items()},
+        "invalid_tool_calls": result.invalid_tool_calls,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "cost": cost,
+        },
+        "duration_s": duration_s,
+        "attempt": attempt,
+        "finish_reason": result.finish_reason,
+        "sandbox": {"backend": backend, "image": image, "digest": digest},
+    }
+    if plain:
+        return record
+    return TrajectoryRecord.model_validate(record).to_json_dict()
+
+
+def _plain_copy(value: Any) -> Any:
+    """A copy of JSON data as the model's ``mode="json"`` dump gives it, or ``_NOT_PLAIN`` when
+    the dump would change something (non-finite floats, tuples, non-string keys, other types)."""
+    kind = type(value)
+    if kind in _JSON_SCALAR:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else _NOT_PLAIN
+    if kind is dict:
+        copied = {}
+        for key, item in value.items():
+            item = _plain_copy(item)
+            if type(key) is not str or item is _NOT_PLAIN:
+                return _NOT_PLAIN
+            copied[key] = item
+        return copied
+    if kind is list:
+        items = [_plain_copy(item) for item in value]
+        return _NOT_PLAIN if any(item is _NOT_PLAIN for item in items) else items
+    return _NOT_PLAIN

@@ -44,7 +44,7 @@ from trajkit.ledger import write_json_atomic as save_json
 from trajkit.manager import PluginError, PluginHost
 from trajkit.model import ModelClient, ModelError
 from trajkit.progress import Counters, Reporter
-from trajkit.records import SandboxRecord, TrajectoryRecord, UsageRecord, conversation_turns, tool_columns
+from trajkit.records import record_json
 from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxError, SandboxSpec
 from trajkit.writers import OutputWriter
 
@@ -479,43 +479,26 @@ class Runner:
             result = await run_conversation(session, item.row.prompt)
         finally:
             await asyncio.shield(sandbox.close())
-        tool_stats, tool_errors = tool_columns(result, self.run_tools)
-        usage = result.usage
-        record = TrajectoryRecord(
+        return record_json(
+            result,
+            self.run_tools,
             work_id=item.work_id,
             prompt_id=item.prompt_id,
             prompt_index=item.index,
-            conversations=conversation_turns(result.messages),
             metadata={
                 **item.row.extra_fields,
                 "batch_num": batch_num,
                 "timestamp": datetime.now(UTC).isoformat(),
                 "model": config.model,
             },
-            completed=result.completed,
-            partial=not result.completed,
-            api_calls=result.api_calls,
             toolsets_used=sorted(toolsets),
             tools_offered=sorted(tools),
-            tool_stats=tool_stats,
-            tool_error_counts=tool_errors,
-            invalid_tool_calls=result.invalid_tool_calls,
-            usage=UsageRecord(
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                total_tokens=usage.prompt_tokens + usage.completion_tokens,
-                cost=usage.cost,
-            ),
             duration_s=round(time.monotonic() - started, 3),
             attempt=attempt,
-            finish_reason=result.finish_reason,
-            sandbox=SandboxRecord(
-                backend=backend_name,
-                image=item.row.image,
-                digest=self.digests.get((backend_name, item.row.image)) if item.row.image else None,
-            ),
+            backend=backend_name,
+            image=item.row.image,
+            digest=self.digests.get((backend_name, item.row.image)) if item.row.image else None,
         )
-        return record.to_json_dict()
 
     # -- run directory bookkeeping ------------------------------------------------------------------
 

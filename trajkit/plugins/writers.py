@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from trajkit import hookimpl
 from trajkit.filters import Record
+from trajkit.jsonutil import dumps_line
 from trajkit.manager import PluginError, load_plugins
 from trajkit.writers import OutputWriter
 
@@ -57,10 +58,11 @@ class ShareGPTWriter(OutputWriter):
 
 
 def write_jsonl(rows: Iterable[Mapping[str, Any]], path: Path) -> int:
+    """One compact JSON line per row (orjson; see :mod:`trajkit.jsonutil`), deterministic."""
     count = 0
-    with path.open("w", encoding="utf-8") as out:
+    with path.open("wb") as out:
         for row in rows:
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+            out.write(dumps_line(row))
             count += 1
     return count
 
