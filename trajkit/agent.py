@@ -98,7 +98,10 @@ async def run_conversation(session: Session, prompt: str) -> ConversationResult:
             result.final_response = reply.content
             result.completed = reply.finish_reason != "length"  # an answer cut off is not complete
             break
-        outcomes = await asyncio.gather(*(_call_tool(session, call) for call in reply.tool_calls))
+        if len(reply.tool_calls) == 1:  # the common case, without gather's task per call
+            outcomes = [await _call_tool(session, reply.tool_calls[0])]
+        else:
+            outcomes = await asyncio.gather(*(_call_tool(session, call) for call in reply.tool_calls))
         for call, outcome in zip(reply.tool_calls, outcomes, strict=True):
             _count(result, session, call.name, outcome.ok)
             tool_message = {"role": "tool", "tool_call_id": call.id, "content": outcome.content}

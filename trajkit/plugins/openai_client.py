@@ -21,8 +21,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+import orjson
+
 from trajkit import __version__, hookimpl
 from trajkit.config import RunConfig
+from trajkit.jsonutil import dumps_bytes
 from trajkit.model import (
     AssistantMessage,
     Message,
@@ -217,7 +220,7 @@ class OpenAIClient(ModelClient):
     @staticmethod
     def _parse(raw: bytes) -> AssistantMessage:
         try:
-            data = json.loads(raw)
+            data = orjson.loads(raw)
         except ValueError:
             raise _Retry("bad_response", f"the endpoint returned non-JSON: {raw[:200]!r}", None) from None
         if not isinstance(data, dict):
@@ -281,7 +284,7 @@ class BuiltinTransport(Transport):
             )
         try:
             async with asyncio.timeout(self.timeout):
-                response = await self.pool.post("/chat/completions", _dumps(body))
+                response = await self.pool.post("/chat/completions", dumps_bytes(body))
         except TimeoutError:
             raise _Retry("timeout", "the request timed out", None) from None
         except HTTPError as exc:
@@ -318,7 +321,9 @@ class AiohttpTransport(Transport):
                 },
             )
         try:
-            async with self.session.post(f"{self.base_url}/chat/completions", data=_dumps(body)) as response:
+            async with self.session.post(
+                f"{self.base_url}/chat/completions", data=dumps_bytes(body)
+            ) as response:
                 raw = await response.read()
                 if response.status >= 400:
                     raise _status_error(response.status, _error_text(raw), response.headers)
@@ -391,14 +396,6 @@ def _error_text(raw: bytes) -> str:
     except ValueError:
         return raw[:500].decode("utf-8", "replace")
     return _describe_error(data.get("error", data)) if isinstance(data, dict) else str(data)[:500]
-
-
-def _dumps(body: dict[str, Any]) -> bytes:
-    try:
-        import orjson
-    except ImportError:
-        return json.dumps(body).encode()
-    return orjson.dumps(body)
 
 
 class _Retry(Exception):
