@@ -7,6 +7,7 @@ trajkit adds. The Docker part is skipped, with a note, when no engine answers.
 
     python -m bench.sandbox_overhead                     # quick: 200 local, 10 docker
     python -m bench.sandbox_overhead --local 2000 --docker 50
+    python -m bench.sandbox_overhead --shell /bin/sh     # the local backend's local.shell option
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--exec-concurrency", type=int, default=50, help="process starts in flight (default 50)"
     )
+    parser.add_argument("--shell", help="the local backend's shell (its local.shell option; default bash)")
     parser.add_argument(
         "--docker", type=int, default=10, help="Docker containers per method (default 10, 0: skip)"
     )
@@ -71,11 +73,15 @@ async def _timed(times: dict[str, list[float]], step: str, action: Awaitable[Any
     return result
 
 
-async def _local(n: int, root: Path, concurrency: int) -> dict[str, Any]:
+def _local_options(root: Path, shell: str | None) -> dict[str, str]:
+    return {"root": str(root), **({"shell": shell} if shell else {})}
+
+
+async def _local(n: int, root: Path, concurrency: int, shell: str | None = None) -> dict[str, Any]:
     from trajkit.plugins.local_sandbox import LocalBackend
     from trajkit.sandbox import SandboxSpec
 
-    backend = LocalBackend({"root": str(root)})
+    backend = LocalBackend(_local_options(root, shell))
     times: dict[str, list[float]] = {s: [] for s in STEPS}
 
     async def one(i: int) -> None:
@@ -112,7 +118,9 @@ async def _local(n: int, root: Path, concurrency: int) -> dict[str, Any]:
     }
 
 
-async def _exec_rate(n: int, concurrency: int, root: Path, how: str, watcher: str) -> dict[str, Any]:
+async def _exec_rate(
+    n: int, concurrency: int, root: Path, how: str, watcher: str, shell: str | None = None
+) -> dict[str, Any]:
     """``true`` started n times, ``concurrency`` at once: through LocalSandbox.exec or bare asyncio."""
     import resource
 
@@ -123,7 +131,7 @@ async def _exec_rate(n: int, concurrency: int, root: Path, how: str, watcher: st
         chosen = asyncio.PidfdChildWatcher()
         asyncio.set_child_watcher(chosen)
         chosen.attach_loop(asyncio.get_running_loop())
-    backend = LocalBackend({"root": str(root)})
+    backend = LocalBackend(_local_options(root, shell))
     sandbox = await backend.create(SandboxSpec(run_id="bench-exec", work_id="w.0"))
     gate = asyncio.Semaphore(concurrency)
     shell = backend.shell
@@ -258,10 +266,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="trajkit-bench-") as tmp:
         root = Path(tmp)
         if args.local > 0:
-            results["local_sequential"] = asyncio.run(_local(args.local, root, 1))
+            results["local_sequential"] = asyncio.run(_local(args.local, root, 1, args.shell))
             _print("local, one at a time", results["local_sequential"])
         if args.local > 0 and args.local_concurrency > 1:
-            results["local_concurrent"] = asyncio.run(_local(args.local, root, args.local_concurrency))
+            results["local_concurrent"] = asyncio.run(
+                _local(args.local, root, args.local_concurrency, args.shell)
+            )
             _print(f"local, {args.local_concurrency} at once", results["local_concurrent"])
         if args.execs > 0:
             rates = []
@@ -271,7 +281,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ("bare", "pidfd"),
                 ("trajkit", "pidfd"),
             ):
-                rate = asyncio.run(_exec_rate(args.execs, args.exec_concurrency, root, how, watcher))
+                rate = asyncio.run(
+                    _exec_rate(args.execs, args.exec_concurrency, root, how, watcher, args.shell)
+                )
                 rates.append(rate)
                 print(
                     f"exec 'true' {how:8} {watcher:8} child watcher: {rate['per_second']:7.1f}/s, runner CPU "

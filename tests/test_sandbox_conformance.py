@@ -1,10 +1,12 @@
-"""The conformance suite on the built-in local backend, plain and isolated by bubblewrap.
+"""The conformance suite on the built-in local backend: plain, with /bin/sh as its shell, without
+pidfds (a thread waits for each command instead), and isolated by bubblewrap.
 
 Other backends run the same suite from their own test modules.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -33,6 +35,19 @@ class LocalHarness:
 class TestLocalConformance(SandboxConformance):
     @pytest.fixture
     def harness(self, tmp_path: Path) -> LocalHarness:
+        return LocalHarness(tmp_path)
+
+
+class TestLocalShConformance(SandboxConformance):
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> LocalHarness:
+        return LocalHarness(tmp_path, shell="/bin/sh")
+
+
+class TestLocalWithoutPidfdConformance(SandboxConformance):
+    @pytest.fixture
+    def harness(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalHarness:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
         return LocalHarness(tmp_path)
 
 

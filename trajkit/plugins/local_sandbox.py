@@ -4,6 +4,8 @@ Without isolation, commands run as ordinary processes in the prompt's directory 
 directory is private, the machine is not). With ``--sandbox_option local.isolation=bwrap`` each
 command runs in bubblewrap: the host file system read-only, only the working directory writable,
 a private /tmp, no network, and its own PID namespace, so nothing it starts can outlive it.
+Commands run with ``bash -c``; ``--sandbox_option local.shell=/bin/sh`` picks another shell (dash
+starts on about 40 % less CPU than bash).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,7 +41,13 @@ DEFAULT_CWD = "/work"
 OWNER_FILE = "owner.json"
 INLINE_IO = 256 * 1024
 """Files up to this size are read and written on the event loop; larger ones in a worker thread."""
-BASE_ENV = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb"}
+BASE_ENV = {"LC_CTYPE": "C.UTF-8", "TERM": "dumb"}
+"""UTF-8 through LC_CTYPE alone: C.UTF-8's other categories are C's, and LANG or LC_ALL would make
+every shell start load all of the locale's files, about a tenth of what a ``bash -c`` costs."""
+READ_SIZE = 65536
+ESCAPED_PIPE_GRACE = 5.0
+"""Seconds to wait, after the command exited and its group was killed, for a process that escaped
+the group (``setsid``) to close the output pipes it inherited, before closing them on it."""
 
 
 @hookimpl
@@ -47,7 +57,9 @@ def trajkit_sandbox_backends() -> list[type[SandboxBackend]]:
 
 class LocalBackend(SandboxBackend):
     name = "local"
-    description = "temporary directory per prompt; isolation=bwrap for bubblewrap"
+    description = (
+        "temporary directory per prompt; isolation=bwrap for bubblewrap, shell=/bin/sh for a lighter shell"
+    )
 
     def __init__(self, options: Mapping[str, object] | None = None) -> None:
         super().__init__(options)
@@ -56,7 +68,7 @@ class LocalBackend(SandboxBackend):
         if self.isolation not in ("none", "bwrap"):
             raise SandboxError(f"local sandbox: isolation must be 'none' or 'bwrap', not {self.isolation!r}")
         self.network = str(self.options.get("network", "none"))
-        self.shell = shutil.which("bash") or "/bin/sh"
+        self.shell = _find_shell(str(self.options.get("shell") or ""))
         self.root_ready = False
         if self.isolation == "bwrap" and not shutil.which("bwrap"):
             raise SandboxError("local sandbox: isolation=bwrap needs bubblewrap (apt-get install bubblewrap)")
@@ -108,6 +120,9 @@ class LocalSandbox(Sandbox):
         self.cwd = cwd
         self.info = SandboxInfo(backend="local")
         self.closed = False
+        # A clean environment: the runner's own variables (API keys among them) must never be
+        # visible to a command whose output lands in a trajectory.
+        self.env = {**BASE_ENV, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": cwd}
 
     async def exec(
         self,
@@ -119,55 +134,15 @@ class LocalSandbox(Sandbox):
     ) -> ExecResult:
         if self.closed:
             raise SandboxError("sandbox is closed")
-        # A clean environment: the runner's own variables (API keys among them) must never be
-        # visible to a command whose output lands in a trajectory.
-        full_env = {
-            **BASE_ENV,
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": self.cwd,
-            **(env or {}),
-        }
-        argv = self._argv(command, full_env)
-        # Pipes of our own: asyncio's wait() would otherwise also wait for the pipes to close,
-        # which a background child keeps open, and the kill below would never come.
-        (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=self.workdir,
-                env=full_env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out_write,
-                stderr=err_write,
-                start_new_session=True,
-            )
-        except BaseException:
-            for fd in (out_read, err_read):
-                os.close(fd)
-            raise
-        finally:
-            os.close(out_write)
-            os.close(err_write)
-        stdout, stderr = CappedBuffer(output_cap), CappedBuffer(output_cap)
-        pumps = asyncio.gather(_pump(out_read, stdout), _pump(err_read, stderr))
-        timed_out = False
-        try:
-            await asyncio.wait_for(proc.wait(), timeout)
-        except TimeoutError:
-            timed_out = True
-        finally:
-            # The command's own process group: background children die with it, always.
-            _kill_group(proc.pid)
-            await proc.wait()
-        try:
-            await asyncio.wait_for(pumps, 5)
-        except TimeoutError:  # a process that escaped the group still holds the pipe
-            pumps.cancel()
+        full_env = {**self.env, **env} if env else self.env
+        proc = _Command(self._argv(command, full_env), cwd=self.workdir, env=full_env, output_cap=output_cap)
+        await proc.wait(timeout)
+        stdout, stderr = proc.stdout, proc.stderr
         return ExecResult(
-            exit_code=124 if timed_out else (proc.returncode or 0),
+            exit_code=124 if proc.timed_out else (proc.returncode or 0),
             stdout=stdout.text(),
             stderr=stderr.text(),
-            timed_out=timed_out,
+            timed_out=proc.timed_out,
             truncated=stdout.truncated or stderr.truncated,
         )
 
@@ -243,19 +218,150 @@ def _host_root_binds(cwd: str) -> list[str]:
     return argv
 
 
-async def _pump(fd: int, buffer: CappedBuffer) -> None:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
-    )
-    try:
-        while chunk := await reader.read(65536):
-            buffer.feed(chunk)
-    finally:
-        transport.close()
-
-
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def _find_shell(wanted: str) -> str:
+    """The shell's path: ``wanted`` (a path or a name on PATH) if given, else bash, else /bin/sh."""
+    if not wanted:
+        return shutil.which("bash") or "/bin/sh"
+    found = shutil.which(wanted)
+    if found is None:
+        raise SandboxError(f"local sandbox: shell {wanted!r} is not an executable file or a command on PATH")
+    return found
+
+
+class _Command:
+    """One command run to its end, its output pipes and its exit watched by the event loop itself.
+
+    The exit is a pidfd's readability, the output two non-blocking pipes read into capped buffers:
+    three readers on the loop and no task, where asyncio's subprocess transport, child watcher and
+    stream readers cost half again as much runner CPU per start. Without pidfds (not Linux, Linux
+    before 5.3) a thread waits for the exit instead.
+    """
+
+    def __init__(self, argv: list[str], *, cwd: Path, env: Mapping[str, str], output_cap: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.stdout, self.stderr = CappedBuffer(output_cap), CappedBuffer(output_cap)
+        self.returncode: int | None = None
+        self.timed_out = False
+        self.done = self.loop.create_future()
+        self.grace: asyncio.TimerHandle | None = None
+        (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out_write,
+                stderr=err_write,
+                start_new_session=True,  # its own process group, killed as a whole below
+            )
+        except BaseException:
+            os.close(out_read)
+            os.close(err_read)
+            raise
+        finally:
+            os.close(out_write)
+            os.close(err_write)
+        self.pid = self.proc.pid
+        self.pipes = {out_read: self.stdout, err_read: self.stderr}
+        for fd in self.pipes:
+            os.set_blocking(fd, False)
+            self.loop.add_reader(fd, self._read, fd)
+        pidfd_open = getattr(os, "pidfd_open", None)
+        try:
+            pidfd = pidfd_open(self.pid) if pidfd_open else -1
+        except OSError:
+            pidfd = -1
+        if pidfd >= 0:
+            self.loop.add_reader(pidfd, self._pidfd_ready, pidfd)
+        else:
+            threading.Thread(target=self._wait_in_thread, daemon=True).start()
+
+    async def wait(self, timeout: float) -> None:
+        """Until the command exited and its output pipes closed; on timeout its group is killed."""
+        timer = self.loop.call_later(timeout, self._time_out)
+        try:
+            await self.done
+        except asyncio.CancelledError:
+            # Cancelled from outside: the whole tree still dies, and is reaped, before this ends.
+            _kill_group(self.pid)
+            self._close_pipes()
+            if self.returncode is None:
+                self.done = self.loop.create_future()
+                await self.done
+            raise
+        finally:
+            timer.cancel()
+
+    def _read(self, fd: int) -> bool:
+        """Read what the pipe holds; False once there is nothing more for now."""
+        try:
+            data = os.read(fd, READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            data = b""
+        if data:
+            self.pipes[fd].feed(data)
+            return True
+        self._close_pipe(fd)
+        self._finish_if_done()
+        return False
+
+    def _pidfd_ready(self, pidfd: int) -> None:
+        self.loop.remove_reader(pidfd)
+        os.close(pidfd)
+        self._exited(_reap(self.pid))
+
+    def _wait_in_thread(self) -> None:
+        returncode = self.proc.returncode = _reap(self.pid)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self.loop.call_soon_threadsafe(self._exited, returncode)
+
+    def _exited(self, returncode: int) -> None:
+        self.returncode = self.proc.returncode = returncode
+        # The command's own process group: background children die with it, always.
+        _kill_group(self.pid)
+        for fd in list(self.pipes):
+            # What the pipe holds (at most READ_SIZE unless resized), then usually EOF: most
+            # commands finish here, without another turn of the loop.
+            if self._read(fd):
+                self._read(fd)
+        if self.pipes:  # still held open, by a dying background child or one that left the group
+            self.grace = self.loop.call_later(ESCAPED_PIPE_GRACE, self._close_pipes)
+        self._finish_if_done()
+
+    def _time_out(self) -> None:
+        if self.returncode is None:
+            self.timed_out = True
+            _kill_group(self.pid)
+
+    def _close_pipe(self, fd: int) -> None:
+        self.loop.remove_reader(fd)
+        os.close(fd)
+        del self.pipes[fd]
+
+    def _close_pipes(self) -> None:
+        for fd in list(self.pipes):
+            self._close_pipe(fd)
+        self._finish_if_done()
+
+    def _finish_if_done(self) -> None:
+        if self.returncode is not None and not self.pipes and not self.done.done():
+            self.done.set_result(None)
+        if not self.pipes and self.grace is not None:
+            self.grace.cancel()
+
+
+def _reap(pid: int) -> int:
+    """Wait for the child ``pid``; its exit code, or minus the signal that killed it."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:  # reaped elsewhere (an old SIGCHLD-based asyncio child watcher)
+        return 255
+    return os.waitstatus_to_exitcode(status)
