@@ -100,7 +100,7 @@ async def test_keep_alive_reuses_one_connection_and_sends_the_request_as_given()
     async with serve(answer) as (server, url):
         pool = pool_for(url)
         for i in range(20):
-            response = await pool.post("/chat/completions", f"body {i}".encode())
+            response = await pool.post("/chat/completions", f"body {i}".encode(), timeout=10)
             assert (response.status, response.body) == (200, f"body {i}".encode()[::-1])
         await pool.close()
     assert server.connections == 1
@@ -133,7 +133,7 @@ async def test_every_framing_arrives_whole_even_one_byte_at_a_time(framing: str)
     async with serve(answer) as (server, url):
         pool = pool_for(url)
         for _ in range(2):
-            response = await pool.post("/chat/completions", b"{}")
+            response = await pool.post("/chat/completions", b"{}", timeout=10)
             assert response.status == 200
             assert response.body == PAYLOAD
         await pool.close()
@@ -147,11 +147,11 @@ async def test_a_connection_closed_while_idle_is_replaced_without_an_error() -> 
 
     async with serve(answer) as (server, url):
         pool = pool_for(url)
-        assert (await pool.post("/x", b"1")).body == b"fine"
+        assert (await pool.post("/x", b"1", timeout=10)).body == b"fine"
         for writer in server.writers:  # the server drops its idle keep-alive connections
             writer.close()
         await asyncio.sleep(0.05)
-        assert (await pool.post("/x", b"2")).body == b"fine"
+        assert (await pool.post("/x", b"2", timeout=10)).body == b"fine"
         await pool.close()
     assert server.connections == 2
 
@@ -164,8 +164,8 @@ async def test_a_close_racing_the_request_is_retried_once_on_a_new_connection() 
 
     async with serve(answer) as (server, url):
         pool = pool_for(url)
-        await pool.post("/x", b"first")
-        assert (await pool.post("/x", b"second")).body == b"answered second"
+        await pool.post("/x", b"first", timeout=10)
+        assert (await pool.post("/x", b"second", timeout=10)).body == b"answered second"
         await pool.close()
     assert server.connections == 2
 
@@ -177,7 +177,7 @@ async def test_a_fresh_connection_closed_without_an_answer_is_an_error() -> None
     async with serve(answer) as (_, url):
         pool = pool_for(url)
         with pytest.raises(HTTPError, match="without answering"):
-            await pool.post("/x", b"{}")
+            await pool.post("/x", b"{}", timeout=10)
         await pool.close()
 
 
@@ -198,8 +198,8 @@ async def test_a_broken_answer_is_an_error_and_the_connection_is_dropped(raw: by
     async with serve(answer) as (server, url):
         pool = pool_for(url)
         with pytest.raises(HTTPError, match=message):
-            await pool.post("/x", b"bad")
-        assert (await pool.post("/x", b"next")).body == b"good"
+            await pool.post("/x", b"bad", timeout=10)
+        assert (await pool.post("/x", b"next", timeout=10)).body == b"good"
         await pool.close()
     assert server.connections == 2
 
@@ -210,7 +210,7 @@ async def test_error_statuses_and_headers_come_back_as_they_are() -> None:
 
     async with serve(answer) as (_, url):
         pool = pool_for(url)
-        response = await pool.post("/x", b"{}")
+        response = await pool.post("/x", b"{}", timeout=10)
         await pool.close()
     assert (response.status, response.headers["retry-after"], response.body) == (429, "7", b"{}")
 
@@ -229,7 +229,7 @@ async def test_no_more_connections_than_the_limit() -> None:
     async with serve(answer) as (server, url):
         pool = pool_for(url, limit=4)
         bodies = [f"{i}".encode() for i in range(40)]
-        responses = await asyncio.gather(*(pool.post("/x", b) for b in bodies))
+        responses = await asyncio.gather(*(pool.post("/x", b, timeout=10) for b in bodies))
         await pool.close()
     assert [r.body for r in responses] == bodies
     assert peak == 4
@@ -254,14 +254,32 @@ async def test_tls_with_the_trust_store_from_ssl_cert_file(
     async with serve(answer, server_context) as (_, url):
         untrusting = pool_for(url)
         with pytest.raises(HTTPError, match="CERTIFICATE_VERIFY_FAILED"):
-            await untrusting.post("/x", b"{}")
+            await untrusting.post("/x", b"{}", timeout=10)
         await untrusting.close()
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))
         pool = pool_for(url)
-        assert (await pool.post("/x", b"hello")).body == b"secure hello"
+        assert (await pool.post("/x", b"hello", timeout=10)).body == b"secure hello"
         await pool.close()
 
 
 def test_only_http_urls() -> None:
     with pytest.raises(ValueError, match="not an http"):
         ConnectionPool("ftp://example.com", {}, limit=1)
+
+
+async def test_a_late_answer_times_out_and_its_connection_is_not_reused() -> None:
+    async def answer(headers: dict[str, str], body: bytes, index: int) -> list[bytes]:
+        if body == b"slow":
+            await asyncio.sleep(5)
+        return ok(b"quick")
+
+    async with serve(answer) as (server, url):
+        pool = pool_for(url)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await pool.post("/x", b"slow", timeout=0.3)
+        assert 0.3 <= loop.time() - started < 2
+        assert (await pool.post("/x", b"next", timeout=10)).body == b"quick"
+        await pool.close()
+    assert server.connections == 2

@@ -35,6 +35,7 @@ class RequestLimiter:
         self.ceiling = self.max_concurrent or 0
         """Where recovery stops: the configured limit, or (when unlimited) twice the level of the 429."""
         self.active = 0
+        self.waiting = 0
         self.successes = 0
         self.paused_until = 0.0
         self.next_start = 0.0
@@ -43,15 +44,23 @@ class RequestLimiter:
         self.changed = asyncio.Condition()
 
     async def acquire(self, estimated_tokens: int = 0) -> None:
+        # One event loop, so the counters need no lock; the condition is only for waiting, and a
+        # run without limits (the common case) never touches it.
         started = time.monotonic()
-        async with self.changed:
-            await self.changed.wait_for(lambda: not self.allowed or self.active < self.allowed)
-            self.active += 1
-        try:
-            await self._pace(estimated_tokens)
-        except BaseException:
-            await self.release()
-            raise
+        if self.allowed and self.active >= self.allowed:
+            self.waiting += 1
+            try:
+                async with self.changed:
+                    await self.changed.wait_for(lambda: not self.allowed or self.active < self.allowed)
+            finally:
+                self.waiting -= 1
+        self.active += 1
+        if self.max_rpm or self.max_tpm or self.paused_until > started:
+            try:
+                await self._pace(estimated_tokens)
+            except BaseException:
+                await self.release()
+                raise
         self.stats.waited_s += time.monotonic() - started
 
     async def _pace(self, estimated_tokens: int) -> None:
@@ -84,16 +93,17 @@ class RequestLimiter:
         self.token_sum += count
 
     async def release(self, *, success: bool = True) -> None:
-        async with self.changed:
-            self.active -= 1
-            if success and self.allowed and self.allowed < self.ceiling:
-                self.successes += 1
-                if self.successes >= self.recover_after:
-                    self.allowed += 1
-                    self.successes = 0
-                    if self.allowed >= self.ceiling and not self.max_concurrent:
-                        self.allowed = 0  # recovered: unlimited again
-            self.changed.notify_all()
+        self.active -= 1
+        if success and self.allowed and self.allowed < self.ceiling:
+            self.successes += 1
+            if self.successes >= self.recover_after:
+                self.allowed += 1
+                self.successes = 0
+                if self.allowed >= self.ceiling and not self.max_concurrent:
+                    self.allowed = 0  # recovered: unlimited again
+        if self.waiting:
+            async with self.changed:
+                self.changed.notify_all()
 
     async def throttled(self, retry_after: float) -> None:
         """The endpoint said 429: everyone waits, and fewer requests go out at once for a while."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import zlib
+from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -52,12 +53,18 @@ class ConnectionPool:
                 **headers,
             }.items()
         ).encode("latin-1")
-        self.slots = asyncio.Semaphore(limit)
+        self.limit = limit
+        self.busy = 0
+        self.slot_waiters: deque[asyncio.Future[None]] = deque()
         self.idle: list[_Connection] = []
         self.open: set[_Connection] = set()
         self.ssl_context: ssl.SSLContext | None = None
 
-    async def post(self, path: str, body: bytes, content_type: str = "application/json") -> Response:
+    async def post(
+        self, path: str, body: bytes, *, timeout: float, content_type: str = "application/json"
+    ) -> Response:
+        """POST ``body``; :class:`TimeoutError` when the answer is not whole within ``timeout`` s."""
+        deadline = asyncio.get_running_loop().time() + timeout
         request = b"".join(
             (
                 f"POST {self.path}{path} HTTP/1.1\r\n".encode(),
@@ -66,21 +73,43 @@ class ConnectionPool:
                 body,
             )
         )
-        async with self.slots:
+        while self.busy >= self.limit:  # counted by hand: an asyncio.Semaphore costs more per request
+            waiter = asyncio.get_running_loop().create_future()
+            self.slot_waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # woken, then cancelled: the slot goes to the next in line
+                raise
+        self.busy += 1
+        try:
             while self.idle:
                 connection = self.idle.pop()
                 if not connection.usable:
                     self._discard(connection)  # closed by the server while idle
                     continue
                 try:
-                    return await self._exchange(connection, request)
+                    return await self._exchange(connection, request, deadline)
                 except _Stale:
                     continue  # closed by the server as the request went out: it was never read
-            return await self._exchange(await self._connect(), request)
+            async with asyncio.timeout_at(deadline):
+                connection = await self._connect()
+            return await self._exchange(connection, request, deadline)
+        finally:
+            self.busy -= 1
+            self._wake_one()
 
-    async def _exchange(self, connection: _Connection, request: bytes) -> Response:
+    def _wake_one(self) -> None:
+        while self.slot_waiters:
+            waiter = self.slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def _exchange(self, connection: _Connection, request: bytes, deadline: float) -> Response:
         try:
-            response = await connection.request(request)
+            response = await connection.request(request, deadline)
         except BaseException:
             self._discard(connection)
             raise
@@ -146,16 +175,20 @@ class _Connection(asyncio.Protocol):
     def usable(self) -> bool:
         return not self.lost and self.keep_alive
 
-    async def request(self, request: bytes) -> Response:
+    async def request(self, request: bytes, deadline: float) -> Response:
         assert self.transport is not None
         self._reset()
         self.buffer.clear()
         self.reused, self.used = self.used, True
-        self.waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
+        # A timer of our own: cheaper per request than an asyncio.timeout() scope.
+        timer = loop.call_at(deadline, _expire, waiter)
         self.transport.write(request)
         try:
-            return await self.waiter
+            return await waiter
         finally:
+            timer.cancel()
             self.waiter = None
 
     def close(self) -> None:
@@ -284,6 +317,11 @@ class _Connection(asyncio.Protocol):
             self.waiter.set_exception(HTTPError(f"cannot decompress the {encoding} body: {exc}"))
             return
         self.waiter.set_result(Response(self.status, self.headers, body))
+
+
+def _expire(waiter: asyncio.Future[Response]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 def _inflate(body: bytes) -> bytes:

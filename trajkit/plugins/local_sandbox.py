@@ -41,6 +41,8 @@ DEFAULT_CWD = "/work"
 OWNER_FILE = "owner.json"
 INLINE_IO = 256 * 1024
 """Files up to this size are read and written on the event loop; larger ones in a worker thread."""
+INLINE_REMOVE = 32
+"""A sandbox that ran no command and got at most this many files is removed on the event loop."""
 BASE_ENV = {"LC_CTYPE": "C.UTF-8", "TERM": "dumb"}
 """UTF-8 through LC_CTYPE alone: C.UTF-8's other categories are C's, and LANG or LC_ALL would make
 every shell start load all of the locale's files, about a tenth of what a ``bash -c`` costs."""
@@ -69,6 +71,7 @@ class LocalBackend(SandboxBackend):
             raise SandboxError(f"local sandbox: isolation must be 'none' or 'bwrap', not {self.isolation!r}")
         self.network = str(self.options.get("network", "none"))
         self.shell = _find_shell(str(self.options.get("shell") or ""))
+        self.root_text = str(self.root)
         self.root_ready = False
         if self.isolation == "bwrap" and not shutil.which("bwrap"):
             raise SandboxError("local sandbox: isolation=bwrap needs bubblewrap (apt-get install bubblewrap)")
@@ -80,12 +83,14 @@ class LocalBackend(SandboxBackend):
         if not self.root_ready:
             self.root.mkdir(parents=True, exist_ok=True)
             self.root_ready = True
-        base = Path(tempfile.mkdtemp(prefix=f"{spec.run_id}.", dir=self.root))
+        # Plain strings and os calls: at a thousand sessions in flight, pathlib's objects cost more
+        # CPU than the system calls they wrap.
+        base = tempfile.mkdtemp(prefix=f"{spec.run_id}.", dir=self.root_text)
         owner = {"owner": owner_tag(), "deadline": time.time() + spec.lifetime}
-        (base / OWNER_FILE).write_text(json.dumps(owner))
-        workdir = base / "fs" / cwd.lstrip("/")
-        workdir.mkdir(parents=True)
-        return LocalSandbox(self, base, workdir, cwd if self.isolation == "bwrap" else str(workdir))
+        _write(os.path.join(base, OWNER_FILE), json.dumps(owner).encode())
+        workdir = os.path.join(base, "fs", cwd.lstrip("/"))
+        os.makedirs(workdir)
+        return LocalSandbox(self, base, workdir, cwd if self.isolation == "bwrap" else workdir)
 
     async def reap(self, run_id: str | None = None) -> int:
         if not self.root.is_dir():
@@ -113,13 +118,16 @@ def _abandoned(owner_file: Path) -> bool:
 
 
 class LocalSandbox(Sandbox):
-    def __init__(self, backend: LocalBackend, base: Path, workdir: Path, cwd: str) -> None:
+    def __init__(self, backend: LocalBackend, base: str, workdir: str, cwd: str) -> None:
         self.backend = backend
         self.base = base
-        self.workdir = workdir
+        self.workdir = Path(workdir)
+        self.workdir_text = workdir
         self.cwd = cwd
         self.info = SandboxInfo(backend="local")
         self.closed = False
+        self.ran_commands = False
+        self.files_written = 0
         # A clean environment: the runner's own variables (API keys among them) must never be
         # visible to a command whose output lands in a trajectory.
         self.env = {**BASE_ENV, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": cwd}
@@ -134,8 +142,11 @@ class LocalSandbox(Sandbox):
     ) -> ExecResult:
         if self.closed:
             raise SandboxError("sandbox is closed")
+        self.ran_commands = True
         full_env = {**self.env, **env} if env else self.env
-        proc = _Command(self._argv(command, full_env), cwd=self.workdir, env=full_env, output_cap=output_cap)
+        proc = _Command(
+            self._argv(command, full_env), cwd=self.workdir_text, env=full_env, output_cap=output_cap
+        )
         await proc.wait(timeout)
         stdout, stderr = proc.stdout, proc.stderr
         return ExecResult(
@@ -152,7 +163,7 @@ class LocalSandbox(Sandbox):
             return shell
         argv = ["bwrap", "--die-with-parent", "--unshare-all", *_host_root_binds(self.cwd)]
         argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        argv += ["--bind", str(self.workdir), self.cwd, "--chdir", self.cwd]
+        argv += ["--bind", self.workdir_text, self.cwd, "--chdir", self.cwd]
         if self.backend.network != "none":
             argv.append("--share-net")
         argv.append("--clearenv")
@@ -160,33 +171,35 @@ class LocalSandbox(Sandbox):
             argv += ["--setenv", key, value]
         return [*argv, "--", *shell]
 
-    def host_path(self, path: str) -> Path:
+    def host_path(self, path: str) -> str:
         """Where a sandbox path lives on the host; paths outside the workdir only when not isolated."""
-        full = path if path.startswith("/") else f"{self.cwd.rstrip('/')}/{path}"
-        full = os.path.normpath(full)
+        full = os.path.normpath(path if path.startswith("/") else f"{self.cwd}/{path}")
         inside = self.cwd.rstrip("/")
-        if full == inside or full.startswith(inside + "/"):
-            return self.workdir / os.path.relpath(full, inside)
+        if full == inside:
+            return self.workdir_text
+        if full.startswith(inside + "/"):
+            return self.workdir_text + full[len(inside) :]
         if self.backend.isolation == "bwrap":
             raise PermissionError(f"{path}: only the working directory {self.cwd} is accessible")
-        return Path(full)
+        return full
 
     async def read_file(self, path: str) -> bytes:
         if self.closed:
             raise SandboxError("sandbox is closed")
         target = self.host_path(path)
-        if target.is_file() and target.stat().st_size <= INLINE_IO:
-            return target.read_bytes()  # a thread handoff costs more CPU than a small read
-        return await asyncio.to_thread(target.read_bytes)
+        if os.path.isfile(target) and os.stat(target).st_size <= INLINE_IO:
+            return _read(target)  # a thread handoff costs more CPU than a small read
+        return await asyncio.to_thread(_read, target)
 
     async def write_file(self, path: str, data: bytes) -> None:
         if self.closed:
             raise SandboxError("sandbox is closed")
         target = self.host_path(path)
+        self.files_written += 1
 
         def write() -> None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            _write(target, data)
 
         if len(data) <= INLINE_IO:
             write()  # a thread handoff costs more CPU than a small write
@@ -196,7 +209,15 @@ class LocalSandbox(Sandbox):
     async def close(self) -> None:
         if not self.closed:
             self.closed = True
-            await asyncio.to_thread(shutil.rmtree, self.base, True)
+            if self.small_tree:  # a few files: removing them costs less than a thread handoff
+                shutil.rmtree(self.base, True)
+            else:
+                await asyncio.to_thread(shutil.rmtree, self.base, True)
+
+    @property
+    def small_tree(self) -> bool:
+        """Without a command run, the tree holds only what ``write_file`` put there."""
+        return not self.ran_commands and self.files_written <= INLINE_REMOVE
 
 
 def _host_root_binds(cwd: str) -> list[str]:
@@ -216,6 +237,16 @@ def _host_root_binds(cwd: str) -> list[str]:
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
     return argv
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def _write(path: str, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
 
 
 def _kill_group(pgid: int) -> None:
@@ -242,7 +273,7 @@ class _Command:
     before 5.3) a thread waits for the exit instead.
     """
 
-    def __init__(self, argv: list[str], *, cwd: Path, env: Mapping[str, str], output_cap: int) -> None:
+    def __init__(self, argv: list[str], *, cwd: str, env: Mapping[str, str], output_cap: int) -> None:
         self.loop = asyncio.get_running_loop()
         self.stdout, self.stderr = CappedBuffer(output_cap), CappedBuffer(output_cap)
         self.returncode: int | None = None

@@ -283,8 +283,7 @@ class BuiltinTransport(Transport):
                 limit=self.connections,
             )
         try:
-            async with asyncio.timeout(self.timeout):
-                response = await self.pool.post("/chat/completions", dumps_bytes(body))
+            response = await self.pool.post("/chat/completions", dumps_bytes(body), timeout=self.timeout)
         except TimeoutError:
             raise _Retry("timeout", "the request timed out", None) from None
         except HTTPError as exc:
