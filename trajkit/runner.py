@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -252,11 +253,15 @@ class Runner:
             for _ in range(min(self.config.num_workers, len(pending)))
         ]
         loop = asyncio.get_running_loop()
+        # Everything made so far (modules, plugins, the plan with an object per dataset row) lives
+        # through the sessions; frozen, full collections stop re-scanning it while sessions allocate.
+        gc.freeze()
         with Reporter(self.counters, quiet=self.config.quiet) as reporter, self._signals(loop, workers):
             self.reporter = reporter
             try:
                 await asyncio.gather(*workers, return_exceptions=True)
             finally:
+                gc.unfreeze()
                 for worker in workers:
                     worker.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import importlib
 import inspect
 import json
@@ -351,8 +352,10 @@ class OpenAITestServer:
         models: Collection[str] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        keep_requests: bool = True,
     ) -> None:
         self._policy = policy
+        self._keep_requests = keep_requests
         self._latency = latency
         self._faults = faults
         self._api_key = api_key
@@ -400,6 +403,7 @@ class OpenAITestServer:
         """Snapshot of the completion requests received, in arrival order.
 
         Only bodies that parse as a JSON object are recorded (and numbered); others get a 400.
+        Empty for a server made with ``keep_requests=False`` (the command line's load server).
         """
         with self._lock:
             return [dataclasses.replace(record) for record in self._records]
@@ -434,7 +438,8 @@ class OpenAITestServer:
         with self._lock:
             record = RecordedRequest(self._next_number, time.monotonic(), None, body, None, headers)
             self._next_number += 1
-            self._records.append(record)
+            if self._keep_requests:
+                self._records.append(record)
             self._in_flight += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
             return record
@@ -732,6 +737,9 @@ def _server_from_args(args: argparse.Namespace) -> OpenAITestServer:
         models=args.models,
         host=args.host,
         port=args.port,
+        # A load server answers millions of requests: kept, their bodies would grow the heap
+        # without bound and make every full garbage collection slower than the last.
+        keep_requests=False,
     )
 
 
@@ -752,6 +760,7 @@ async def _serve_until_signal(server: OpenAITestServer) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with server.serving():
+        gc.freeze()  # what exists now lives until exit: no collection needs to scan it again
         print(f"READY {server.base_url}", flush=True)
         await stop.wait()
 
