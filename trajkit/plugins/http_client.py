@@ -12,11 +12,14 @@ with the system's trust store (``SSL_CERT_FILE`` is honoured).
 from __future__ import annotations
 
 import asyncio
-import ssl
 import zlib
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    import ssl
 
 MAX_HEAD = 64 * 1024
 
@@ -122,6 +125,8 @@ class ConnectionPool:
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         if self.tls and self.ssl_context is None:
+            import ssl  # only for https, and only once
+
             self.ssl_context = ssl.create_default_context()
         try:
             _, connection = await loop.create_connection(
