@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import write_jsonl
 from trajkit import ledger as ledger_module
-from trajkit.dataset import read_dataset
+from trajkit.dataset import DatasetRow, read_dataset
 from trajkit.jsonutil import dumps_bytes, dumps_line, loads
 from trajkit.ledger import AppendLog, LedgerWriter, RecordReader, assign, batch_files, scan
 
@@ -64,6 +64,13 @@ def test_duplicates_resume_k_minus_j_and_edits_keep_identity(tmp_path: Path) -> 
     edited, _ = read_dataset(write_jsonl(tmp_path / "e.jsonl", [rows[1], rows[0], rows[2]]))
     paired = assign(edited, scan(tmp_path))
     assert [location is not None for _, location in paired] == [False, True, False]
+
+
+def test_a_prompt_s_identity_is_stable_across_versions() -> None:
+    """Run directories made by earlier versions must resume: these ids are in their ledgers."""
+    assert DatasetRow(prompt="List the files").prompt_id() == "f3b412500e8c97730260"
+    row = DatasetRow(prompt='é "q"\n', image="busybox.sif", cwd="/src", backend="singularity")
+    assert row.prompt_id() == "9aec66c2fc8419655bdf"
 
 
 def test_ledger_lines_are_complete_json(tmp_path: Path) -> None:

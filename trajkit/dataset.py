@@ -17,6 +17,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 EXECUTION_FIELDS = ("prompt", "image", "cwd", "backend")
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+"""The identity's spelling, made once: it must never change, or finished prompts would run again."""
 
 
 class DatasetRow(BaseModel):
@@ -45,7 +47,7 @@ class DatasetRow(BaseModel):
 
     def prompt_id(self) -> str:
         identity = {name: getattr(self, name) for name in EXECUTION_FIELDS}
-        canonical = json.dumps(identity, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        canonical = _CANONICAL_JSON.encode(identity)
         return hashlib.sha256(canonical.encode()).hexdigest()[:20]
 
 
