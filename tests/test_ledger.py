@@ -37,6 +37,29 @@ def test_batch_files_sort_numerically_and_new_invocations_start_new_files(tmp_pa
     assert (tmp_path / "batch_12.jsonl").read_text().count("\n") == 1
 
 
+def test_a_known_index_is_extended_with_the_new_batch_files_only(tmp_path: Path) -> None:
+    first = LedgerWriter(tmp_path, batch_size=2)
+    for i in range(3):
+        finished(first, f"a{i}.0")
+    first.close()
+    index = scan(tmp_path)
+    second = LedgerWriter(tmp_path, batch_size=2)
+    for i in range(3):
+        finished(second, f"b{i}.0")
+    finished(second, "a0.1")
+    second.close()
+    # a line appended to an old file behind the index's back is not read again
+    with (tmp_path / "batch_0.jsonl").open("a") as handle:
+        handle.write(json.dumps({"work_id": "zz.0", "prompt_id": "zz"}) + "\n")
+
+    extended = scan(tmp_path, index)
+    full = scan(tmp_path)
+    assert extended is index
+    assert set(extended.records) == set(full.records) - {"zz.0"}
+    assert {k: v for k, v in full.records.items() if k != "zz.0"} == extended.records
+    assert extended.by_prompt["a0"] == [0, 1] and sorted(extended.paths) == sorted(full.paths)
+
+
 def test_torn_last_line_is_ignored_and_reported(tmp_path: Path) -> None:
     ledger = LedgerWriter(tmp_path, batch_size=10)
     finished(ledger, "a.0")

@@ -61,10 +61,16 @@ class LedgerIndex:
     paths: dict[int, Path] = field(default_factory=dict)
 
 
-def scan(run_dir: Path) -> LedgerIndex:
-    """Index the whole ledger, streaming: memory holds the index, never the records."""
-    index = LedgerIndex()
+def scan(run_dir: Path, known: LedgerIndex | None = None) -> LedgerIndex:
+    """Index the whole ledger, streaming: memory holds the index, never the records.
+
+    With ``known`` (an index of this run directory made earlier), only the batch files it has not
+    seen are read and added to it: an invocation only ever appends to batch files of its own.
+    """
+    index = known if known is not None else LedgerIndex()
     for number, path in batch_files(run_dir):
+        if number in index.paths:
+            continue
         index.paths[number] = path
         with path.open("rb") as handle:
             offset = 0

@@ -178,7 +178,7 @@ class Runner:
             self._record_invocation_start(started, len(pending))
             await self._execute(pending, routes)
             self._record_invocation_end(started)
-            index = scan(self.run_dir)  # the ledger grew: plan the merge on what it holds now
+            index = scan(self.run_dir, index)  # add what this invocation wrote, then plan the merge
             paired = assign(items, index)
         else:
             log.info("nothing to do: all %d rows of the dataset are done", len(paired))
