@@ -300,14 +300,21 @@ class Window:
     mean_session_s: float
     p50_session_s: float
     max_session_s: float
+    first_wave_mean_s: float = 0.0
+    """Mean session of the first ``wave`` sessions by start time (they all started at once)."""
+    last_wave_mean_s: float = 0.0
 
     @property
     def per_second(self) -> float:
         return self.trajectories / self.seconds if self.seconds > 0 else 0.0
 
 
-def session_window(run_dir: Path) -> Window:
-    """Start = finish timestamp - duration of each record; the window spans all of them."""
+def session_window(run_dir: Path, wave: int = 0) -> Window:
+    """Start = finish timestamp - duration of each record; the window spans all of them.
+
+    ``wave`` (the sessions in flight) splits the sessions by start time to compare the first wave,
+    which started all at once, with the last.
+    """
     starts, ends, durations = [], [], []
     for record in ledger_records(run_dir):
         end = datetime.fromisoformat(record["metadata"]["timestamp"]).timestamp()
@@ -316,13 +323,17 @@ def session_window(run_dir: Path) -> Window:
         durations.append(record["duration_s"])
     if not durations:
         return Window(0, 0.0, 0.0, 0.0, 0.0)
-    durations.sort()
+    by_start = [duration for _, duration in sorted(zip(starts, durations, strict=True))]
+    wave = min(wave or len(by_start), len(by_start))
+    ordered = sorted(durations)
     return Window(
         len(durations),
         max(ends) - min(starts),
         sum(durations) / len(durations),
-        durations[len(durations) // 2],
-        durations[-1],
+        ordered[len(ordered) // 2],
+        ordered[-1],
+        sum(by_start[:wave]) / wave,
+        sum(by_start[-wave:]) / wave,
     )
 
 

@@ -119,7 +119,7 @@ def run_one(
             f"{run_name}: expected {prompts} kept trajectories (exit {measured.returncode}, kept "
             f"{stats.get('kept')}):\n{measured.stderr_tail}"
         )
-    window = common.session_window(run_dir)
+    window = common.session_window(run_dir, wave=inflight)
     trajectory_ideal_s = 4 * args.latency + tool_s
     ideal = inflight / trajectory_ideal_s
     turns = stats["api_calls"]
@@ -135,6 +135,8 @@ def run_one(
         "session_mean_s": round(window.mean_session_s, 3),
         "session_p50_s": round(window.p50_session_s, 3),
         "session_max_s": round(window.max_session_s, 3),
+        "first_wave_session_mean_s": round(window.first_wave_mean_s, 3),
+        "last_wave_session_mean_s": round(window.last_wave_mean_s, 3),
         "wall_s": round(measured.wall_s, 2),
         "runner_cpu_s": round(measured.cpu_s, 2),
         "tool_processes_cpu_s": round(measured.children_cpu_s, 2),
@@ -215,6 +217,7 @@ def render(rows: list[dict[str, Any]]) -> str:
                 r["measured_per_s"],
                 f"{100 * r['ratio']:.1f}%",
                 r["session_mean_s"],
+                f"{r['first_wave_session_mean_s']} / {r['last_wave_session_mean_s']}",
                 f"{r['runner_cpu_s']} / {r['tool_processes_cpu_s']}",
                 f"{100 * r['runner_cpu_share_of_window']:.0f}%" if r["runner_cpu_share_of_window"] else "-",
                 r["server_cpu_s"],
@@ -234,6 +237,7 @@ def render(rows: list[dict[str, Any]]) -> str:
             "measured/s",
             "of ideal",
             "session mean s",
+            "first / last wave s",
             "runner CPU s (own / tool processes)",
             "runner CPU / window",
             "server CPU s",
