@@ -111,7 +111,9 @@ async def test_keep_alive_reuses_one_connection_and_sends_the_request_as_given()
     assert headers["content-type"] == "application/json"
 
 
-@pytest.mark.parametrize("framing", ["length", "chunked", "close", "gzip", "deflate", "interim"])
+@pytest.mark.parametrize(
+    "framing", ["length", "chunked", "close", "length-then-close", "gzip", "deflate", "interim"]
+)
 async def test_every_framing_arrives_whole_even_one_byte_at_a_time(framing: str) -> None:
     async def answer(headers: dict[str, str], body: bytes, index: int) -> list[bytes]:
         if framing == "length":
@@ -120,6 +122,8 @@ async def test_every_framing_arrives_whole_even_one_byte_at_a_time(framing: str)
             raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(PAYLOAD, 777)
         elif framing == "close":
             raw = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + PAYLOAD
+        elif framing == "length-then-close":
+            raw = ok(PAYLOAD, "Connection: close\r\n")[0]
         elif framing == "gzip":
             raw = ok(gzip.compress(PAYLOAD), "Content-Encoding: gzip\r\n")[0]
         elif framing == "deflate":
@@ -128,7 +132,7 @@ async def test_every_framing_arrives_whole_even_one_byte_at_a_time(framing: str)
             raw = b"HTTP/1.1 100 Continue\r\n\r\n" + ok(PAYLOAD)[0]
         # whole, then byte by byte on the next request
         pieces = [raw] if index % 2 == 0 else [raw[i : i + 1] for i in range(len(raw))]
-        return [*pieces, CLOSE] if framing == "close" else pieces
+        return [*pieces, CLOSE] if framing.endswith("close") else pieces
 
     async with serve(answer) as (server, url):
         pool = pool_for(url)
@@ -137,8 +141,8 @@ async def test_every_framing_arrives_whole_even_one_byte_at_a_time(framing: str)
             assert response.status == 200
             assert response.body == PAYLOAD
         await pool.close()
-    # framed answers keep the connection; an answer framed by closing needs a new one
-    assert server.connections == (2 if framing == "close" else 1)
+    # framed answers keep the connection; an answer ending with a close needs a new one
+    assert server.connections == (2 if framing.endswith("close") else 1)
 
 
 async def test_a_connection_closed_while_idle_is_replaced_without_an_error() -> None:
