@@ -16,7 +16,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-EXECUTION_FIELDS = ("prompt", "image", "cwd", "backend")
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 """The identity's spelling, made once: it must never change, or finished prompts would run again."""
 
@@ -41,22 +40,38 @@ class DatasetRow(BaseModel):
                 data["image"] = alias
         return data
 
+    def prompt_id(self) -> str:
+        return prompt_id(self.prompt, self.image, self.cwd, self.backend)
+
+
+def prompt_id(prompt: str, image: str | None, cwd: str | None, backend: str | None) -> str:
+    identity = {"prompt": prompt, "image": image, "cwd": cwd, "backend": backend}
+    return hashlib.sha256(_CANONICAL_JSON.encode(identity).encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRow:
+    """A validated row as a run holds it: plain and slotted, because a run holds one per dataset
+    row and a pydantic model per row would take about twice the memory."""
+
+    prompt: str
+    image: str | None
+    cwd: str | None
+    backend: str | None
+    extra: dict[str, Any] | None
+    """The row's other fields (they travel to the record's metadata), None when it has none."""
+
     @property
     def extra_fields(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-    def prompt_id(self) -> str:
-        identity = {name: getattr(self, name) for name in EXECUTION_FIELDS}
-        canonical = _CANONICAL_JSON.encode(identity)
-        return hashlib.sha256(canonical.encode()).hexdigest()[:20]
+        return dict(self.extra or {})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkItem:
     index: int
     """0-based line position of the row in the dataset file as it is now (the record's prompt_index)."""
     line: int
-    row: DatasetRow
+    row: PlannedRow
     prompt_id: str
     occurrence: int
     """0 for the first row with this prompt_id, 1 for the second copy, ..."""
@@ -93,17 +108,18 @@ def read_dataset(path: Path) -> tuple[list[WorkItem], list[RowError]]:
             errors.append(RowError(path, line_number, f"expected a JSON object, got {type(data).__name__}"))
             continue
         try:
-            row = DatasetRow.model_validate(data)
+            valid = DatasetRow.model_validate(data)
         except ValidationError as exc:
             errors.append(RowError(path, line_number, _describe(exc)))
             continue
-        if not row.prompt.strip():
+        if not valid.prompt.strip():
             errors.append(RowError(path, line_number, "'prompt' is empty"))
             continue
-        prompt_id = row.prompt_id()
-        occurrence = seen.get(prompt_id, 0)
-        seen[prompt_id] = occurrence + 1
-        items.append(WorkItem(line_number - 1, line_number, row, prompt_id, occurrence))
+        row = PlannedRow(valid.prompt, valid.image, valid.cwd, valid.backend, valid.model_extra or None)
+        identity = prompt_id(row.prompt, row.image, row.cwd, row.backend)
+        occurrence = seen.get(identity, 0)
+        seen[identity] = occurrence + 1
+        items.append(WorkItem(line_number - 1, line_number, row, identity, occurrence))
     return items, errors
 
 
