@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -149,3 +151,81 @@ def test_cost_from_the_endpoint_and_max_cost(tmp_path: Path) -> None:
     assert stats["pending"] == 20 - stats["done"]
     records = read_jsonl(tmp_path / "r" / "trajectories.jsonl")
     assert all(r["usage"]["cost"] == 0.01 * r["api_calls"] for r in records)
+
+
+class ForwardProxy:
+    """A plain-HTTP forward proxy: absolute-form requests in, origin-form to the target, answers back."""
+
+    def __init__(self) -> None:
+        self.targets: list[str] = []
+        self.port = 0
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> ForwardProxy:
+        server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                request_line, *lines = head.decode("latin-1").split("\r\n")[:-2]
+                method, target, version = request_line.split(" ")
+                self.targets.append(target)
+                url = urlsplit(target)
+                body = await reader.readexactly(_content_length(lines))
+                if upstream is None:
+                    upstream = await asyncio.open_connection(url.hostname, url.port)
+                kept = [line for line in lines if not line.lower().startswith(("proxy-", "connection:"))]
+                request = "\r\n".join([f"{method} {url.path} {version}", *kept, "", ""])
+                upstream[1].write(request.encode("latin-1") + body)
+                answer = await upstream[0].readuntil(b"\r\n\r\n")
+                _, *answer_lines = answer.decode("latin-1").split("\r\n")[:-2]
+                writer.write(answer + await upstream[0].readexactly(_content_length(answer_lines)))
+                await writer.drain()
+        finally:
+            writer.close()
+            if upstream is not None:
+                upstream[1].close()
+
+
+def _content_length(lines: list[str]) -> int:
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            return int(value)
+    return 0
+
+
+@pytest.mark.parametrize("bypass", [False, True])
+def test_a_proxy_from_the_environment_carries_the_requests(tmp_path: Path, bypass: bool) -> None:
+    """The default transport connects directly, so behind a proxy the run switches to aiohttp."""
+    dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(5)])
+    server = OpenAITestServer(dialect_policy)
+    with server, ForwardProxy() as proxy:
+        endpoint = f"{server.base_url}/chat/completions"
+        env = {"HTTP_PROXY": f"http://127.0.0.1:{proxy.port}", "NO_PROXY": "127.0.0.1" if bypass else ""}
+        result = trajkit(
+            "run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(tmp_path),
+            "--model", "m", "--base_url", server.base_url, "--distribution", "file_only",
+            env=env,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(read_jsonl(tmp_path / "r" / "trajectories.jsonl")) == 5
+    if bypass:
+        assert proxy.targets == [] and "HTTP_PROXY is set" not in result.stderr
+    else:
+        assert len(proxy.targets) == len(server.requests) >= 10
+        assert set(proxy.targets) == {endpoint}
+        assert "HTTP_PROXY is set" in result.stderr

@@ -154,8 +154,9 @@ def cli() -> None:
     type=click.Choice(["builtin", "aiohttp", "sdk"]),
     default="builtin",
     show_default=True,
-    help="How model requests are sent: trajkit's own HTTP/1.1 client (least CPU), a bare aiohttp "
-    "session (honours proxies), or the openai SDK's own path.",
+    help="How model requests are sent: trajkit's own HTTP/1.1 client (least CPU; behind an "
+    "HTTP(S)_PROXY the run uses aiohttp instead), a bare aiohttp session (honours the proxy "
+    "variables), or the openai SDK's own path.",
 )
 @option("request_timeout", type=float, default=600.0, show_default=True, help="Seconds per model request.")
 @option("sandbox_lifetime", type=float, default=3600.0, show_default=True, help="Seconds a sandbox may live.")

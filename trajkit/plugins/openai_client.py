@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import logging
 import os
 import random
 import time
+import urllib.request
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -42,6 +44,8 @@ from trajkit.ratelimit import RequestLimiter
 if TYPE_CHECKING:
     import aiohttp
     import openai
+
+log = logging.getLogger("trajkit")
 
 KEY_VARIABLES = ("OPENROUTER_API_KEY", "OPENAI_API_KEY")
 
@@ -143,6 +147,12 @@ class OpenAIClient(ModelClient):
             "aiohttp": AiohttpTransport,
             "sdk": SDKTransport,
         }[config.transport]
+        proxy = _proxy_for(config.base_url)
+        if transport_class is BuiltinTransport and proxy:
+            log.info(
+                "%s is set for %s: model requests go through aiohttp, which uses it", proxy, config.base_url
+            )
+            transport_class = AiohttpTransport
         transport = transport_class(
             resolve_api_key(config),
             config.base_url,
@@ -270,7 +280,8 @@ class BuiltinTransport(Transport):
 
     At hundreds of sessions in flight the client's CPU per request bounds the whole run's
     throughput, and this one spends a fraction of aiohttp's (BENCHMARKS.md), so it is the default.
-    It does not go through HTTP proxies: use ``--transport aiohttp`` or ``sdk`` behind one.
+    It connects directly: when a proxy variable applies to the endpoint, the run uses
+    :class:`AiohttpTransport` instead.
     """
 
     pool: ConnectionPool | None = None
@@ -298,9 +309,10 @@ class BuiltinTransport(Transport):
 
 
 class AiohttpTransport(Transport):
-    """A bare aiohttp session (``--transport aiohttp``): honours aiohttp's features, e.g. proxies.
+    """A bare aiohttp session (``--transport aiohttp``, and the default behind an HTTP proxy).
 
-    The session is made on first use, inside the run's loop.
+    It honours ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY``. The session is made on first use,
+    inside the run's loop.
     """
 
     session: aiohttp.ClientSession | None = None
@@ -312,6 +324,7 @@ class AiohttpTransport(Transport):
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.connections),
                 cookie_jar=aiohttp.DummyCookieJar(),  # an API needs no cookies; the jar costs CPU per request
+                trust_env=True,  # proxies from the environment
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
                 headers={
                     "Authorization": f"Bearer {self.api_key}",
@@ -375,6 +388,17 @@ class SDKTransport(Transport):
     async def aclose(self) -> None:
         if self.client is not None:
             await self.client.close()
+
+
+def _proxy_for(base_url: str) -> str | None:
+    """The name of the proxy variable that applies to ``base_url``, if one does (as aiohttp reads them)."""
+
+    url = urlparse(base_url)
+    if url.scheme not in urllib.request.getproxies_environment() or urllib.request.proxy_bypass(
+        url.hostname or ""
+    ):
+        return None
+    return f"{url.scheme.upper()}_PROXY"
 
 
 def _status_error(status: int, message: str, headers: Mapping[str, str]) -> Exception:
