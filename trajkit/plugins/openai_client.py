@@ -16,7 +16,6 @@ import logging
 import os
 import random
 import time
-import urllib.request
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -149,9 +148,8 @@ class OpenAIClient(ModelClient):
         }[config.transport]
         proxy = _proxy_for(config.base_url)
         if transport_class is BuiltinTransport and proxy:
-            log.info(
-                "%s is set for %s: model requests go through aiohttp, which uses it", proxy, config.base_url
-            )
+            host = urlparse(config.base_url).hostname  # never the whole URL: it may hold credentials
+            log.info("%s is set for %s: model requests go through aiohttp, which uses it", proxy, host)
             transport_class = AiohttpTransport
         transport = transport_class(
             resolve_api_key(config),
