@@ -390,7 +390,7 @@ class SDKTransport(Transport):
 
 def _proxy_for(base_url: str) -> str | None:
     """The name of the proxy variable that applies to ``base_url``, if one does (as aiohttp reads them)."""
-    import urllib.request  # once per run; not worth its import time for everyone
+    import urllib.request  # when a client is made, not when the plugin is loaded
 
     url = urlparse(base_url)
     if url.scheme not in urllib.request.getproxies_environment() or urllib.request.proxy_bypass(
