@@ -125,8 +125,9 @@ def test_a_process_that_left_the_group_cannot_hold_exec(
             assert time.monotonic() - started < 3  # the grace, not the sleep
         finally:
             for _ in range(100):
-                if (sb.workdir / "escaped.pid").exists():
-                    os.kill(int((sb.workdir / "escaped.pid").read_text()), signal.SIGKILL)
+                pid_file = Path(sb.workdir) / "escaped.pid"
+                if pid_file.exists():
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
                     break
                 await asyncio.sleep(0.05)
 

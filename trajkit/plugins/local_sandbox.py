@@ -121,8 +121,7 @@ class LocalSandbox(Sandbox):
     def __init__(self, backend: LocalBackend, base: str, workdir: str, cwd: str) -> None:
         self.backend = backend
         self.base = base
-        self.workdir = Path(workdir)
-        self.workdir_text = workdir
+        self.workdir = workdir
         self.cwd = cwd
         self.info = SandboxInfo(backend="local")
         self.closed = False
@@ -144,9 +143,7 @@ class LocalSandbox(Sandbox):
             raise SandboxError("sandbox is closed")
         self.ran_commands = True
         full_env = {**self.env, **env} if env else self.env
-        proc = _Command(
-            self._argv(command, full_env), cwd=self.workdir_text, env=full_env, output_cap=output_cap
-        )
+        proc = _Command(self._argv(command, full_env), cwd=self.workdir, env=full_env, output_cap=output_cap)
         await proc.wait(timeout)
         stdout, stderr = proc.stdout, proc.stderr
         return ExecResult(
@@ -163,7 +160,7 @@ class LocalSandbox(Sandbox):
             return shell
         argv = ["bwrap", "--die-with-parent", "--unshare-all", *_host_root_binds(self.cwd)]
         argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        argv += ["--bind", self.workdir_text, self.cwd, "--chdir", self.cwd]
+        argv += ["--bind", self.workdir, self.cwd, "--chdir", self.cwd]
         if self.backend.network != "none":
             argv.append("--share-net")
         argv.append("--clearenv")
@@ -176,9 +173,9 @@ class LocalSandbox(Sandbox):
         full = os.path.normpath(path if path.startswith("/") else f"{self.cwd}/{path}")
         inside = self.cwd.rstrip("/")
         if full == inside:
-            return self.workdir_text
+            return self.workdir
         if full.startswith(inside + "/"):
-            return self.workdir_text + full[len(inside) :]
+            return self.workdir + full[len(inside) :]
         if self.backend.isolation == "bwrap":
             raise PermissionError(f"{path}: only the working directory {self.cwd} is accessible")
         return full

@@ -33,10 +33,7 @@ from http import HTTPStatus
 from types import TracebackType
 from typing import Any
 
-try:
-    import orjson
-except ImportError:  # pragma: no cover - orjson is optional
-    orjson = None  # type: ignore[assignment]
+import orjson
 
 __all__ = [
     "Fault",
@@ -161,17 +158,13 @@ def tool_script_policy(
 
 
 def _dumps(value: object) -> bytes:
-    """Serialize JSON with orjson when available: response encoding dominates CPU under load."""
-    if orjson is not None:
-        return orjson.dumps(value)
-    return json.dumps(value, separators=(",", ":")).encode()
+    """orjson (a trajkit dependency): response encoding dominates the server's CPU under load."""
+    return orjson.dumps(value)
 
 
 def _loads(data: bytes) -> Any:
-    """Parse JSON; every failure is a ValueError so callers answer 400."""
-    if orjson is not None:
-        return orjson.loads(data)
-    return json.loads(data)
+    """Parse JSON; every failure is a ValueError (orjson's error is one) so callers answer 400."""
+    return orjson.loads(data)
 
 
 class _ProtocolError(Exception):
