@@ -26,8 +26,10 @@ import socket
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
+DEFAULT_CWD = "/work"
+"""Where a prompt's commands run when its row names no ``cwd``."""
 DEFAULT_OUTPUT_CAP = 64 * 1024
 
 
@@ -220,3 +222,23 @@ def cap_text(text: str, cap: int) -> str:
     buffer = CappedBuffer(cap)
     buffer.feed(data)
     return buffer.text()
+
+
+Number = TypeVar("Number", int, float)
+
+
+def positive_option(values: Mapping[str, str], option: str, kind: type[Number]) -> Number | None:
+    """The ``--sandbox_option`` value ``option`` (``BACKEND.KEY``) as a positive number, None if absent.
+
+    ``values`` maps the backend's keys to their text; ValueError names the option and what is wrong.
+    """
+    key = option.partition(".")[2]
+    if key not in values:
+        return None
+    try:
+        number = kind(values[key])
+    except ValueError:
+        raise ValueError(f"{option}={values[key]!r}: expected a {kind.__name__}") from None
+    if number <= 0:
+        raise ValueError(f"{option}={values[key]!r}: must be positive")
+    return number

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from trajkit import hookimpl
 from trajkit.sandbox import (
+    DEFAULT_CWD,
     DEFAULT_OUTPUT_CAP,
     CappedBuffer,
     ExecResult,
@@ -37,7 +38,6 @@ from trajkit.sandbox import (
     owner_tag,
 )
 
-DEFAULT_CWD = "/work"
 OWNER_FILE = "owner.json"
 INLINE_IO = 256 * 1024
 """Files up to this size are read and written on the event loop; larger ones in a worker thread."""

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
 from trajkit.sandbox import (
+    DEFAULT_CWD,
     ImageUnavailable,
     SandboxBackend,
     SandboxError,
@@ -39,7 +40,6 @@ from trajkit_docker.sandbox import STATE_DIR, DockerSandbox
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DEFAULT_CWD = "/work"
 CONTROL_THREADS = 32
 """Worker threads for short engine calls; exec streams have threads of their own."""
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+
+from trajkit.sandbox import positive_option
 
 NETWORKS = ("none", "host", "bridge")
 PULL_POLICIES = ("missing", "always", "never")
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmg]?)b?\s*$", re.IGNORECASE)
 _MEMORY_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-N = TypeVar("N", int, float)
 
 
 @dataclass(frozen=True)
@@ -40,11 +40,11 @@ class DockerOptions:
         values = {key: str(value).strip() for key, value in options.items()}
         return cls(
             network=_choice(values, "network", NETWORKS, cls.network),
-            cpus=_number(values, "cpus", float),
+            cpus=positive_option(values, "docker.cpus", float),
             memory=_memory(values.get("memory")),
-            pids_limit=_number(values, "pids_limit", int),
+            pids_limit=positive_option(values, "docker.pids_limit", int),
             pull=_choice(values, "pull", PULL_POLICIES, cls.pull),
-            pull_timeout=_number(values, "pull_timeout", float) or cls.pull_timeout,
+            pull_timeout=positive_option(values, "docker.pull_timeout", float) or cls.pull_timeout,
         )
 
 
@@ -53,18 +53,6 @@ def _choice(values: Mapping[str, str], key: str, allowed: tuple[str, ...], defau
     if value not in allowed:
         raise ValueError(f"docker.{key}={value!r}: expected one of {', '.join(allowed)}")
     return value
-
-
-def _number(values: Mapping[str, str], key: str, kind: type[N]) -> N | None:
-    if key not in values:
-        return None
-    try:
-        number = kind(values[key])
-    except ValueError:
-        raise ValueError(f"docker.{key}={values[key]!r}: expected a {kind.__name__}") from None
-    if number <= 0:
-        raise ValueError(f"docker.{key}={values[key]!r}: must be positive")
-    return number
 
 
 def _memory(value: str | None) -> int | None:

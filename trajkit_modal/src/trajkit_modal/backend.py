@@ -35,6 +35,7 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from trajkit.sandbox import (
+    DEFAULT_CWD,
     DEFAULT_OUTPUT_CAP,
     CappedBuffer,
     ExecResult,
@@ -52,7 +53,6 @@ from trajkit_modal.ratelimit import TokenBucket, backoff_delay
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DEFAULT_CWD = "/work"
 MAX_LIFETIME = 24 * 3600
 """Modal's upper bound on a sandbox's lifetime, in seconds."""
 MAX_BACKOFF = 60.0

@@ -28,7 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from trajkit.sandbox import ImageUnavailable, Sandbox, SandboxBackend, SandboxError, SandboxInfo, SandboxSpec
+from trajkit.sandbox import (
+    DEFAULT_CWD,
+    ImageUnavailable,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxInfo,
+    SandboxSpec,
+)
 from trajkit_singularity import images, scripts
 from trajkit_singularity.engine import Apptainer, CliTimeout, client_environment
 from trajkit_singularity.instances import (
@@ -42,7 +50,6 @@ from trajkit_singularity.instances import (
 from trajkit_singularity.options import SingularityOptions
 from trajkit_singularity.sandbox import SingularitySandbox, remove_tree
 
-DEFAULT_CWD = "/work"
 INSPECT_TIMEOUT = 60.0
 MAX_CONCURRENT_STARTS = 8
 """Instance starts at once: each mounts an image and forks a starter; a burst of hundreds thrashes."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajkit.sandbox import SandboxError
+from trajkit.sandbox import SandboxError, positive_option
 
 KNOWN = (
     "binary",
@@ -76,8 +76,8 @@ class SingularityOptions:
             scratch_dir=_path(values.get("scratch_dir") or str(cache_dir / "sandboxes")),
             network=network,
             writable=writable,
-            build_timeout=_seconds(values, "build_timeout", cls.build_timeout),
-            start_timeout=_seconds(values, "start_timeout", cls.start_timeout),
+            build_timeout=positive_option(values, "singularity.build_timeout", float) or cls.build_timeout,
+            start_timeout=positive_option(values, "singularity.start_timeout", float) or cls.start_timeout,
         )
 
     def resolve_binary(self) -> str:
@@ -99,15 +99,3 @@ def _path(value: str) -> Path:
     if _BIND_UNSAFE.search(str(path)):
         raise ValueError(f"{path}: Apptainer cannot bind a path containing ',' or ':'")
     return path
-
-
-def _seconds(values: Mapping[str, str], key: str, default: float) -> float:
-    if key not in values:
-        return default
-    try:
-        seconds = float(values[key])
-    except ValueError:
-        raise ValueError(f"singularity.{key}={values[key]!r}: expected seconds") from None
-    if seconds <= 0:
-        raise ValueError(f"singularity.{key}={values[key]!r}: must be positive")
-    return seconds
