@@ -14,6 +14,10 @@ Contract (checked by ``tests/test_sandbox_conformance.py`` against every backend
 - files travel as bytes, never through a command line; a missing file raises
   :class:`FileNotFoundError`, a directory raises :class:`IsADirectoryError`.
 - relative paths are relative to the sandbox's working directory.
+- the model is hostile: file operations never follow a symlink or ``..`` out of the sandbox (the
+  attempt raises :class:`OutsideSandbox`), touch only regular files (a device, FIFO or socket raises
+  :class:`NotARegularFile` at once, never blocks), and a read holds at most ``limit`` bytes: a larger
+  file raises :class:`FileTooLarge` carrying its real size, head and tail.
 - ``close`` is idempotent and leaves nothing behind.
 - sandbox failures (could not start, engine gone) raise :class:`SandboxError`; an image that
   cannot be had raises :class:`ImageUnavailable`.
@@ -31,6 +35,8 @@ from typing import ClassVar, TypeVar
 DEFAULT_CWD = "/work"
 """Where a prompt's commands run when its row names no ``cwd``."""
 DEFAULT_OUTPUT_CAP = 64 * 1024
+DEFAULT_READ_LIMIT = 8 * 1024 * 1024
+"""Most bytes one ``read_file`` holds in the runner; a larger file comes back as head and tail."""
 
 
 class SandboxError(RuntimeError):
@@ -43,6 +49,32 @@ class ImageUnavailable(SandboxError):
     """The image a prompt asks for cannot be found, pulled or built."""
 
     error_class = "image_unavailable"
+
+
+class OutsideSandbox(PermissionError):
+    """A path, or a symlink on the way, leads out of what the sandbox may touch."""
+
+
+class NotARegularFile(OSError):
+    """The path names a device, FIFO or socket: file operations refuse it instead of blocking on it."""
+
+
+class FileTooLarge(OSError):
+    """The file is larger than the read's limit: only its head and tail were read."""
+
+    def __init__(self, path: str, size: int, head: bytes, tail: bytes) -> None:
+        super().__init__(f"{path}: {size} bytes, more than the {len(head) + len(tail)} bytes a read holds")
+        self.path = path
+        self.size = size
+        self.head = head
+        self.tail = tail
+
+
+def read_result(path: str, buffer: CappedBuffer) -> bytes:
+    """The whole file a :class:`CappedBuffer` of the read's limit was fed, or :class:`FileTooLarge`."""
+    if buffer.truncated:
+        raise FileTooLarge(path, buffer.total, bytes(buffer.head), bytes(buffer.tail))
+    return bytes(buffer.head + buffer.tail)
 
 
 @dataclass(frozen=True)
@@ -95,11 +127,20 @@ class Sandbox(ABC):
         """Run ``command`` with ``/bin/sh -c`` in the working directory."""
 
     @abstractmethod
-    async def read_file(self, path: str) -> bytes: ...
+    async def read_file(self, path: str, *, limit: int = DEFAULT_READ_LIMIT) -> bytes:
+        """The content of the regular file ``path``.
+
+        Raises :class:`FileTooLarge` (with the head and tail, ``limit`` bytes in all) when the file
+        is larger than ``limit``; :class:`NotARegularFile`, :class:`OutsideSandbox`,
+        :class:`FileNotFoundError`, :class:`IsADirectoryError` as the contract above says.
+        """
 
     @abstractmethod
     async def write_file(self, path: str, data: bytes) -> None:
-        """Write ``data`` to ``path``, creating parent directories."""
+        """Write ``data`` to the regular file ``path`` (created if missing), creating parent directories.
+
+        Never writes through a symlink out of the sandbox nor into a device, FIFO or socket.
+        """
 
     @abstractmethod
     async def close(self) -> None:

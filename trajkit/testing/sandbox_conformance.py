@@ -16,8 +16,10 @@ Each test runs its own event loop, so the backend is built inside it by ``make_b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,7 +28,7 @@ from typing import Protocol, TypeVar
 
 import pytest
 
-from trajkit.sandbox import Sandbox, SandboxBackend, SandboxSpec
+from trajkit.sandbox import FileTooLarge, Sandbox, SandboxBackend, SandboxSpec
 
 T = TypeVar("T")
 
@@ -44,6 +46,13 @@ class BackendHarness(Protocol):
         ...
 
 
+# Optional harness attributes, read with getattr so that older harnesses keep working:
+#   isolated (default True): commands cannot see the runner's processes, /proc entries or
+#     environment. Only the local backend's explicit ``isolation=none`` opt-out says False.
+#   processes_on_this_host (default True): the sandbox's processes run on this machine's kernel, so
+#     the suite can check from outside that none outlives the sandbox.
+
+
 def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
     async def main() -> T:
         return await coro_fn()
@@ -51,8 +60,168 @@ def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(main())
 
 
-class SandboxConformance:
-    """Tests every backend must pass. Subclasses provide a ``harness`` fixture."""
+HOSTILE_DEADLINE = 30.0
+"""Seconds a refused file operation may take: it must fail at once, never hang on a FIFO or device."""
+SPARSE_SIZE = 3 * 1024**3
+
+
+class HostileConformance:
+    """A hostile model's attempts to leave its sandbox, each of which every backend must stop.
+
+    Host files are made in a fresh host directory the sandbox has no business seeing; for container
+    backends those paths do not exist inside the container, for the local backend they are real
+    host paths next to the sandbox.
+    """
+
+    def sandbox(
+        self, harness: BackendHarness, *, cwd: str | None = None
+    ) -> contextlib.AbstractAsyncContextManager[Sandbox]:
+        raise NotImplementedError  # SandboxConformance.sandbox
+
+    @asynccontextmanager
+    async def hostile(self, harness: BackendHarness) -> AsyncIterator[tuple[Sandbox, str]]:
+        with tempfile.TemporaryDirectory(prefix="trajkit-host-") as host:
+            with open(os.path.join(host, "secret.txt"), "w") as handle:
+                handle.write("HOST-SECRET-CONTENT\n")
+            async with self.sandbox(harness) as sb:
+                yield sb, host
+            with open(os.path.join(host, "secret.txt")) as handle:
+                assert handle.read() == "HOST-SECRET-CONTENT\n", "a host file was changed"
+            assert sorted(os.listdir(host)) == ["secret.txt"], "a file was created on the host"
+
+    def test_symlinks_do_not_lead_out(self, harness: BackendHarness) -> None:
+        async def body() -> None:
+            async with self.hostile(harness) as (sb, host):
+                secret = f"{host}/secret.txt"
+                await sb.exec(
+                    f"ln -s {secret} file_link; ln -s {host} dir_link; ln -s / root_link", timeout=30
+                )
+                for path in (
+                    "file_link",
+                    "dir_link/secret.txt",
+                    f"root_link{secret}",
+                    f"{'../' * 12}{secret}",
+                ):
+                    assert b"HOST-SECRET" not in await _read_or_refused(sb, path), path
+                    await _write_or_refused(sb, path, b"pwned")
+                await _write_or_refused(sb, "dir_link/new.txt", b"pwned")
+                await _write_or_refused(sb, f"{'../' * 12}{host}/new.txt", b"pwned")
+
+        run(body)
+
+    def test_devices_and_fifos_are_refused_at_once(self, harness: BackendHarness) -> None:
+        async def body() -> None:
+            async with self.hostile(harness) as (sb, _):
+                made = await sb.exec("ln -s /dev/zero zero; mkfifo fifo && echo made", timeout=30)
+                assert "made" in made.stdout, made
+                for path in ("zero", "/dev/zero", "fifo", "/dev/urandom"):
+                    with pytest.raises(OSError):
+                        await asyncio.wait_for(sb.read_file(path), HOSTILE_DEADLINE)
+                with pytest.raises(OSError):
+                    await asyncio.wait_for(sb.write_file("fifo", b"x"), HOSTILE_DEADLINE)
+
+        run(body)
+
+    def test_reads_hold_at_most_their_limit(self, harness: BackendHarness) -> None:
+        async def body() -> None:
+            async with self.hostile(harness) as (sb, _):
+                made = await sb.exec(
+                    f"dd if=/dev/zero of=sparse bs=1 count=0 seek={SPARSE_SIZE} 2>/dev/null && echo made",
+                    timeout=60,
+                )
+                assert "made" in made.stdout, made
+                with pytest.raises(FileTooLarge) as caught:
+                    await asyncio.wait_for(sb.read_file("sparse", limit=65536), HOSTILE_DEADLINE * 4)
+                assert caught.value.size == SPARSE_SIZE
+                assert len(caught.value.head) + len(caught.value.tail) <= 65536
+                text = b"".join(b"line %06d\n" % i for i in range(20000))
+                await sb.write_file("lines.txt", text)
+                with pytest.raises(FileTooLarge) as caught:
+                    await sb.read_file("lines.txt", limit=4096)
+                assert text.startswith(caught.value.head) and text.endswith(caught.value.tail)
+                assert caught.value.size == len(text)
+                assert await sb.read_file("lines.txt", limit=len(text)) == text
+
+        run(body)
+
+    def test_no_secret_of_the_runner_is_reachable(self, harness: BackendHarness) -> None:
+        canary = f"trajkit-canary-{uuid.uuid4().hex}"
+
+        async def body() -> None:
+            async with self.hostile(harness) as (sb, _):
+                with contextlib.suppress(OSError):
+                    assert canary not in (await sb.read_file("/proc/self/environ")).decode("latin-1")
+                await sb.exec("ln -s /proc/self/environ env_link", timeout=30)
+                assert canary.encode() not in await _read_or_refused(sb, "env_link")
+                if not getattr(harness, "isolated", True):
+                    return
+                listing = await sb.exec(
+                    "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline; echo; done 2>/dev/null | tr '\\0' ' '",
+                    timeout=60,
+                    output_cap=4 * 1024 * 1024,
+                )
+                assert canary not in listing.stdout
+
+        os.environ["TRAJKIT_CONFORMANCE_CANARY"] = canary
+        try:
+            run(body)
+        finally:
+            del os.environ["TRAJKIT_CONFORMANCE_CANARY"]
+
+    def test_daemons_die_with_their_exec(self, harness: BackendHarness) -> None:
+        marker = str(random.randint(10_000, 99_999))
+
+        async def body() -> None:
+            async with self.hostile(harness) as (sb, _):
+                await sb.exec(
+                    f"setsid sleep {marker}6 </dev/null >/dev/null 2>&1 & "
+                    f"(setsid sh -c 'sleep {marker}7' </dev/null >/dev/null 2>&1 &) ; echo started",
+                    timeout=60,
+                )
+                assert await survivors(sb, marker) == []
+                if getattr(harness, "processes_on_this_host", True):
+                    assert await _host_processes(marker) == []
+            if getattr(harness, "processes_on_this_host", True):
+                assert await _host_processes(marker) == []
+
+        run(body)
+
+
+async def _read_or_refused(sb: Sandbox, path: str) -> bytes:
+    """What a read of ``path`` gave, or b"" when the sandbox refused it (any OSError)."""
+    try:
+        return await asyncio.wait_for(sb.read_file(path, limit=1 << 20), HOSTILE_DEADLINE)
+    except (OSError, FileTooLarge):
+        return b""
+
+
+async def _write_or_refused(sb: Sandbox, path: str, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        await asyncio.wait_for(sb.write_file(path, data), HOSTILE_DEADLINE)
+
+
+async def _host_processes(marker: str, settle: float = 5.0) -> list[str]:
+    """Command lines of this host's processes that carry ``marker``, after giving them time to die."""
+    deadline = time.monotonic() + settle
+    while True:
+        found = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    line = handle.read().replace(b"\0", b" ").decode("utf-8", "replace")
+            except OSError:
+                continue
+            if f"sleep {marker}" in line:
+                found.append(line)
+        if not found or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.2)
+
+
+class SandboxConformance(HostileConformance):
+    """Tests every backend must pass, hostile cases included. Subclasses provide a ``harness`` fixture."""
 
     @asynccontextmanager
     async def sandbox(self, harness: BackendHarness, *, cwd: str | None = None) -> AsyncIterator[Sandbox]:
