@@ -58,7 +58,8 @@ def test_a_faulty_endpoint_still_completes_every_prompt(tmp_path: Path) -> None:
     assert stats["server_error"] == statuses.count(500) > 0
     assert stats["timeout"] > 0
     assert stats["retries"] == stats["rate_limited"] + stats["server_error"] + stats["timeout"]
-    assert stats["requests"] == len(requests)
+    assert stats["sent"] == len(requests)
+    assert stats["requests"] == statuses.count(200)  # answers received, each counted once
     assert stats["retries"] < 0.5 * stats["requests"], "retries must stay bounded"
 
     # No retry of a rate-limited request comes earlier than its Retry-After said.
@@ -229,3 +230,28 @@ def test_a_proxy_from_the_environment_carries_the_requests(tmp_path: Path, bypas
         assert len(proxy.targets) == len(server.requests) >= 10
         assert set(proxy.targets) == {endpoint}
         assert "HTTP_PROXY is set" in result.stderr
+
+
+def test_cost_counts_answers_of_sessions_that_fail_later(tmp_path: Path) -> None:
+    """Two paid turns, then a refusal: the session fails, and its two answers are still counted."""
+
+    def paid_then_refused(body: dict[str, Any]) -> dict[str, Any]:
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        if turn == 2:
+            return {"_status": 400, "_error": "context length exceeded"}
+        usage = {"prompt_tokens": 100, "completion_tokens": 20, "cost": 0.25}
+        return {**dialect_policy(body), "_usage": usage}
+
+    dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(6)])
+    with OpenAITestServer(paid_then_refused) as server:
+        result = run_cli(
+            dataset, tmp_path, server.base_url, "--num_workers", "3", "--max_attempts", "1",
+            "--distribution", "file_only",
+        )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    stats = json.loads((tmp_path / "r" / "statistics.json").read_text())
+    assert stats["pending"] == 6
+    client = stats["model_client"]
+    assert client["requests"] == 12 and client["sent"] == 18
+    assert (client["prompt_tokens"], client["completion_tokens"]) == (1200, 240)
+    assert client["cost"] == pytest.approx(3.0)

@@ -96,9 +96,31 @@ class ModelClient(ABC):
     async def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> AssistantMessage:
         """One model call. Raises :class:`ModelError` once retries are exhausted."""
 
+    async def check(self) -> None:
+        """Called once before the first session (before any sandbox starts).
+
+        A client that talks to an endpoint checks here what would make every session fail
+        (a malformed URL or key, an unreachable host, refused credentials, an unknown model) and
+        raises :class:`ModelError` with ``stops_run`` set and one message saying what to change.
+        The default does nothing: an offline client has nothing to check.
+        """
+
     def statistics(self) -> dict[str, Any]:
-        """Counters for ``statistics.json`` (retries, throttling, ...); empty by default."""
+        """Counters for ``statistics.json``; empty by default.
+
+        A client that calls a paid endpoint reports at least ``requests`` (model answers
+        received), ``prompt_tokens``, ``completion_tokens`` and ``cost`` (0.0 when unknown),
+        summed over every answer as it arrives, whatever becomes of its session afterwards.
+        """
         return {}
+
+    def spent(self) -> float:
+        """What the answers received so far have cost (the run's ``--max_cost`` is held to it).
+
+        Counted as each answer arrives, so sessions that later fail or time out are paid for too.
+        0.0 for a client that costs nothing or cannot know.
+        """
+        return 0.0
 
     async def aclose(self) -> None:
         """Release connections at the end of the run."""

@@ -138,6 +138,12 @@ class OpenAIClient(ModelClient):
         self.retry_budget = retry_budget
         self.prices = prices
         self.counts: Counter[str] = Counter()
+        # Every answer's usage and cost, counted as it arrives: a session that fails later has
+        # been paid for all the same, and --max_cost holds the run to what was really spent.
+        self.received = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cost = 0.0
 
     @classmethod
     def from_config(cls, config: RunConfig) -> OpenAIClient:
@@ -176,7 +182,7 @@ class OpenAIClient(ModelClient):
         estimate = _estimate_tokens(body) + int(self.extras.get("max_tokens") or 0)
         deadline = time.monotonic() + self.retry_budget
         for attempt in range(self.max_retries + 1):
-            self.counts["requests"] += 1
+            self.counts["sent"] += 1
             await self.limiter.acquire(estimate)
             try:
                 message = await self._once(body)
@@ -200,16 +206,17 @@ class OpenAIClient(ModelClient):
                 self.limiter.record_tokens(
                     message.usage.prompt_tokens + message.usage.completion_tokens - estimate
                 )
-            return self._priced(message, body)
+            return message
         raise AssertionError("unreachable")
 
     async def _once(self, body: dict[str, Any]) -> AssistantMessage:
-        message = self._parse(await self.transport.post(body))
+        message = self._parse(await self.transport.post(body), body)
         if not message.content and not message.tool_calls and not message.reasoning:
             raise _Retry("empty_response", "the endpoint returned an empty message", None)
         return message
 
     def _priced(self, message: AssistantMessage, body: dict[str, Any]) -> AssistantMessage:
+        """Fill in usage the endpoint left out (estimated) and cost from ``prices``; count it."""
         usage = message.usage
         if not usage.prompt_tokens and not usage.completion_tokens:
             self.counts["usage_estimated"] += 1  # the endpoint sent no usage: estimate it
@@ -223,16 +230,22 @@ class OpenAIClient(ModelClient):
             ) / 1e6
         if message.finish_reason == "length":
             self.counts["truncated"] += 1
+        self.received += 1
+        self.prompt_tokens += usage.prompt_tokens
+        self.completion_tokens += usage.completion_tokens
+        self.cost += usage.cost or 0.0
         return message
 
-    @staticmethod
-    def _parse(raw: bytes) -> AssistantMessage:
+    def _parse(self, raw: bytes, body: dict[str, Any]) -> AssistantMessage:
         try:
             data = orjson.loads(raw)
         except ValueError:
             raise _Retry("bad_response", f"the endpoint returned non-JSON: {raw[:200]!r}", None) from None
         if not isinstance(data, dict):
             raise _Retry("bad_response", "the endpoint returned JSON that is not an object", None)
+        if data.get("usage") and not _has_message(data):
+            # Answered and billed, but unusable (an error or no choices): paid for all the same.
+            self._priced(parse_assistant_message({}, data["usage"]), body)
         if data.get("error"):
             raise _Retry(
                 "server_error", f"the endpoint returned an error: {_describe_error(data['error'])}", None
@@ -241,14 +254,22 @@ class OpenAIClient(ModelClient):
         if not choices or not isinstance(choices[0].get("message"), dict):
             raise _Retry("empty_response", "the endpoint returned no choices", None)
         choice = choices[0]
-        return parse_assistant_message(choice["message"], data.get("usage"), choice.get("finish_reason"))
+        message = parse_assistant_message(choice["message"], data.get("usage"), choice.get("finish_reason"))
+        return self._priced(message, body)  # counted now, even if it turns out empty
 
     def statistics(self) -> dict[str, Any]:
         return {
             **dict(sorted(self.counts.items())),
+            "requests": self.received,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost": self.cost,
             "throttled": self.limiter.stats.throttled,
             "limiter_wait_s": round(self.limiter.stats.waited_s, 3),
         }
+
+    def spent(self) -> float:
+        return self.cost
 
     async def aclose(self) -> None:
         await self.transport.aclose()
@@ -451,6 +472,13 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 def _estimate_tokens(body: dict[str, Any]) -> int:
     """About four characters a token: enough to pace a tokens-per-minute budget before the call."""
     return sum(len(str(m.get("content") or "")) for m in body["messages"]) // 4 + 1
+
+
+def _has_message(data: dict[str, Any]) -> bool:
+    choices = data.get("choices")
+    return bool(choices) and isinstance(choices, list) and isinstance(choices[0], dict) and isinstance(
+        choices[0].get("message"), dict
+    )
 
 
 def _describe_error(error: Any) -> str:
