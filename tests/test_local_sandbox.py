@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import pytest
 
-from trajkit.plugins import local_sandbox
+from trajkit.plugins import local_command
 from trajkit.plugins.local_sandbox import LocalBackend, LocalSandbox
 from trajkit.sandbox import Sandbox, SandboxError, SandboxSpec
 from trajkit.testing.sandbox_conformance import survivors
@@ -24,7 +24,9 @@ T = TypeVar("T")
 
 def in_sandbox(root: Path, body: Callable[[Sandbox], Awaitable[T]], **options: str) -> T:
     async def main() -> T:
-        backend = LocalBackend({"root": str(root), **options})
+        # The command machinery itself, unconfined; bubblewrap has its own cases below and the
+        # conformance suite runs both.
+        backend = LocalBackend({"root": str(root), "isolation": "none", **options})
         sandbox = await backend.create(SandboxSpec(run_id="local-test", work_id="w0"))
         try:
             return await body(sandbox)
@@ -112,7 +114,7 @@ def test_cancelled_exec_kills_the_tree_and_leaves_no_descriptors(
 def test_a_process_that_left_the_group_cannot_hold_exec(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(local_sandbox, "ESCAPED_PIPE_GRACE", 0.3)
+    monkeypatch.setattr(local_command, "ESCAPED_PIPE_GRACE", 0.3)
 
     async def body(sb: Sandbox) -> None:
         assert isinstance(sb, LocalSandbox)

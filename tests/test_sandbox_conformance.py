@@ -1,5 +1,6 @@
-"""The conformance suite on the built-in local backend: plain, with /bin/sh as its shell, without
-pidfds (a thread waits for each command instead), and isolated by bubblewrap.
+"""The conformance suite on the built-in local backend: unconfined (the explicit opt-out), with
+/bin/sh as its shell, without pidfds (a thread waits for each command instead), and isolated by
+bubblewrap (the default wherever it is installed).
 
 Other backends run the same suite from their own test modules.
 """
@@ -23,6 +24,7 @@ class LocalHarness:
 
     def __init__(self, root: Path, **options: str) -> None:
         self.options = {"root": str(root), **options}
+        self.isolated = options.get("isolation") != "none"
 
     def make_backend(self) -> SandboxBackend:
         return LocalBackend(self.options)
@@ -35,20 +37,20 @@ class LocalHarness:
 class TestLocalConformance(SandboxConformance):
     @pytest.fixture
     def harness(self, tmp_path: Path) -> LocalHarness:
-        return LocalHarness(tmp_path)
+        return LocalHarness(tmp_path, isolation="none")
 
 
 class TestLocalShConformance(SandboxConformance):
     @pytest.fixture
     def harness(self, tmp_path: Path) -> LocalHarness:
-        return LocalHarness(tmp_path, shell="/bin/sh")
+        return LocalHarness(tmp_path, shell="/bin/sh", isolation="none")
 
 
 class TestLocalWithoutPidfdConformance(SandboxConformance):
     @pytest.fixture
     def harness(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalHarness:
         monkeypatch.delattr(os, "pidfd_open", raising=False)
-        return LocalHarness(tmp_path)
+        return LocalHarness(tmp_path, isolation="none")
 
 
 class TestBubblewrapConformance(SandboxConformance):
