@@ -99,7 +99,18 @@ def cli() -> None:
 @option("distribution", default="default", show_default=True, help="Toolset distribution.")
 @option("model", default="scripted", show_default=True, help="'scripted' (offline) or a model slug.")
 @option("base_url", default="https://openrouter.ai/api/v1", show_default=True)
-@option("api_key", default=None, help="Default: $OPENROUTER_API_KEY or $OPENAI_API_KEY.")
+@option(
+    "api_key",
+    default=None,
+    help="Default: $OPENROUTER_API_KEY or $OPENAI_API_KEY. On the command line the key shows in the "
+    "process list: prefer the environment or --api_key_file.",
+)
+@option(
+    "api_key_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="A file holding the API key.",
+)
 @option("max_turns", type=int, default=10, show_default=True, help="Model calls per prompt at most.")
 @option("num_workers", type=int, default=16, show_default=True, help="Sessions in flight at once.")
 @option("resume", is_flag=True, help="Continue the run in the run directory.")
@@ -178,6 +189,11 @@ def run(ctx: click.Context, **flags: Any) -> None:
     except ConfigFileError as exc:
         raise click.UsageError(str(exc)) from None
     explicit = {name for name in flags if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
+    if ctx.get_parameter_source("api_key") is ParameterSource.COMMANDLINE:
+        log.warning(
+            "--api_key: the key is visible to every process of this machine; "
+            "prefer the environment or --api_key_file"
+        )
     for key in ("filters", "disabled_filters", "writers"):
         flags[key] = list(flags[key])
     settings = {**flags, **{k: v for k, v in from_file.items() if k not in explicit}}

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra"]
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
@@ -60,6 +60,8 @@ class RunConfig(BaseModel):
     model: str = "scripted"
     base_url: str = DEFAULT_BASE_URL
     api_key: SecretStr | None = None
+    api_key_file: Path | None = None
+    """A file holding the key: unlike ``--api_key`` it never shows in the process list."""
     max_turns: int = Field(10, ge=1)
     num_workers: int = Field(16, ge=1)
     max_samples: int | None = Field(None, ge=0)
@@ -116,6 +118,24 @@ class RunConfig(BaseModel):
     """Distributions defined in the configuration file: name -> toolset -> probability."""
     routes: list[Route] = []
     """Rules choosing the backend of rows that name none, tried in order before the defaults."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _key_from_file(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("api_key_file") and not data.get("api_key"):
+            path = Path(data["api_key_file"])
+            try:
+                key = path.read_text().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"api_key_file {path}: cannot be read ({type(exc).__name__})") from None
+            if not key:
+                raise ValueError(f"api_key_file {path} is empty")
+            data = {**data, "api_key": key}
+        return data
+
+    def secret_values(self) -> list[str]:
+        """The secrets this configuration holds, for scrubbing records."""
+        return [self.api_key.get_secret_value()] if self.api_key is not None else []
 
     @field_validator("run_name")
     @classmethod

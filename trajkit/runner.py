@@ -47,6 +47,7 @@ from trajkit.model import ModelClient, ModelError
 from trajkit.progress import Counters, Reporter
 from trajkit.records import record_json
 from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxError, SandboxSpec
+from trajkit.secrets import Scrubber, environment_secrets
 from trajkit.writers import OutputWriter
 
 log = logging.getLogger("trajkit")
@@ -104,6 +105,7 @@ class Runner:
         self.client_statistics: dict[str, Any] = {}
         self.interrupted = False
         self.run_id = f"{config.run_name}-{os.getpid()}-{int(time.time())}"
+        self.scrubber = Scrubber([*config.secret_values(), *environment_secrets()])
 
     # -- configuration -----------------------------------------------------------------------------
 
@@ -404,7 +406,7 @@ class Runner:
                 "prompt_index": item.index,
                 "attempt": attempt,
                 "error_class": failure.error_class,
-                "message": str(failure)[:2000],
+                "message": self.scrubber.text(str(failure)[:2000]),
                 "time": datetime.now(UTC).isoformat(),
             }
         )
@@ -484,7 +486,7 @@ class Runner:
             result = await run_conversation(session, item.row.prompt)
         finally:
             await asyncio.shield(sandbox.close())
-        return record_json(
+        record = record_json(
             result,
             self.run_tools,
             work_id=item.work_id,
@@ -504,6 +506,7 @@ class Runner:
             image=item.row.image,
             digest=self.digests.get((backend_name, item.row.image)) if item.row.image else None,
         )
+        return self.scrubber.scrub(record)
 
     # -- run directory bookkeeping ------------------------------------------------------------------
 

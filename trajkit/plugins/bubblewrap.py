@@ -31,8 +31,22 @@ class Bubblewrap:
         self._sockets: list[str] = []
         self._sockets_read = 0.0
 
-    def argv(self, workdir: str, cwd: str, env: Mapping[str, str], command: list[str]) -> list[str]:
-        argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
+    def argv(
+        self, workdir: str, cwd: str, env: Mapping[str, str], command: list[str]
+    ) -> tuple[list[str], int]:
+        """bubblewrap's argv and the descriptor it reads its options from, to pass on and then close.
+
+        The options travel in a memory file (``--args``), not on the command line: bubblewrap is
+        the sandbox's PID 1, and its command line, readable from inside, would name host paths.
+        """
+        options = self._options(workdir, cwd, env)
+        fd = os.memfd_create("bwrap-args", os.MFD_CLOEXEC)
+        os.write(fd, b"\0".join(option.encode() for option in options) + b"\0")
+        os.lseek(fd, 0, os.SEEK_SET)
+        return ["bwrap", "--args", str(fd), "--", *command], fd
+
+    def _options(self, workdir: str, cwd: str, env: Mapping[str, str]) -> list[str]:
+        argv = ["--die-with-parent", "--new-session", "--unshare-all"]
         if self.network:
             argv.append("--share-net")
         argv += _host_root_binds(cwd)
@@ -47,7 +61,7 @@ class Bubblewrap:
         argv += ["--bind", workdir, cwd, "--chdir", cwd, "--clearenv"]
         for key, value in env.items():
             argv += ["--setenv", key, value]
-        return [*argv, "--", *command]
+        return argv
 
     def _host_sockets(self) -> list[str]:
         now = time.monotonic()

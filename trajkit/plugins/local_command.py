@@ -36,7 +36,15 @@ class Command:
     before 5.3) a thread waits for the exit instead.
     """
 
-    def __init__(self, argv: list[str], *, cwd: str, env: Mapping[str, str], output_cap: int) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        output_cap: int,
+        pass_fd: int | None = None,
+    ) -> None:
         self.loop = asyncio.get_running_loop()
         self.stdout, self.stderr = CappedBuffer(output_cap), CappedBuffer(output_cap)
         self.returncode: int | None = None
@@ -53,6 +61,7 @@ class Command:
                 stdout=out_write,
                 stderr=err_write,
                 start_new_session=True,  # its own process group, killed as a whole below
+                pass_fds=() if pass_fd is None else (pass_fd,),
             )
         except BaseException:
             os.close(out_read)

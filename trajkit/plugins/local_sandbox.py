@@ -194,8 +194,15 @@ class LocalSandbox(Sandbox):
         full_env = {**self.env, **env} if env else self.env
         argv = [self.backend.shell, "-c", command]
         if self.backend.isolated:
-            argv = self.backend.bwrap.argv(self.workdir, self.cwd, full_env, argv)
-        proc = Command(argv, cwd=self.workdir, env=full_env, output_cap=output_cap)
+            argv, options_fd = self.backend.bwrap.argv(self.workdir, self.cwd, full_env, argv)
+            try:
+                proc = Command(
+                    argv, cwd=self.workdir, env=full_env, output_cap=output_cap, pass_fd=options_fd
+                )
+            finally:
+                os.close(options_fd)
+        else:
+            proc = Command(argv, cwd=self.workdir, env=full_env, output_cap=output_cap)
         try:
             await proc.wait(timeout)
         finally:
