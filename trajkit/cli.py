@@ -215,17 +215,28 @@ def run(ctx: click.Context, **flags: Any) -> None:
 
 def execute(config: RunConfig, host: PluginHost) -> int:
     """Run and report; returns the process exit code."""
+    from trajkit.dataset import DatasetError
     from trajkit.model import ModelConfigError
-    from trajkit.runner import EXIT_USAGE, RunError, Runner
+    from trajkit.rundir import RunIOError, RunLocked
+    from trajkit.runner import EXIT_IO, EXIT_LOCKED, EXIT_USAGE, RunError, Runner
 
     _wait_for_children_in_the_loop()
     _raise_open_file_limit()
     try:
         runner = Runner(config, host)
         outcome = asyncio.run(runner.run())
-    except (RunError, PluginError, ModelConfigError) as exc:
+    except (RunError, PluginError, ModelConfigError, DatasetError) as exc:
         click.echo(f"error: {exc}", err=True)
         return EXIT_USAGE
+    except RunLocked as exc:
+        click.echo(f"error: {exc}", err=True)
+        return EXIT_LOCKED
+    except (RunIOError, OSError) as exc:
+        if not isinstance(exc, RunIOError):
+            exc = RunIOError.of(exc, config.run_dir)
+        click.echo(f"error: {exc}", err=True)
+        click.echo(f"once that is fixed, continue with: {_resume_command(config)}", err=True)
+        return EXIT_IO
     stats = outcome.statistics
     click.echo(
         f"{config.run_dir}: {stats['done']}/{stats['dataset_rows']} rows done, {stats['kept']} kept, "
@@ -234,12 +245,15 @@ def execute(config: RunConfig, host: PluginHost) -> int:
         err=True,
     )
     if stats["pending"] or runner.interrupted:
-        click.echo(
-            f"to finish: trajkit run --dataset_file {config.dataset_file} --run_name {config.run_name} "
-            f"--output_dir {config.output_dir} --resume",
-            err=True,
-        )
+        click.echo(f"to finish: {_resume_command(config)}", err=True)
     return outcome.exit_code
+
+
+def _resume_command(config: RunConfig) -> str:
+    return (
+        f"trajkit run --dataset_file {config.dataset_file} --run_name {config.run_name} "
+        f"--output_dir {config.output_dir} --resume"
+    )
 
 
 def _wait_for_children_in_the_loop() -> None:
@@ -322,10 +336,14 @@ def plugins(ctx: click.Context) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
 def status(run_dir: Path) -> None:
     """Where a run stands: done, rejected, failing, pending."""
-    from trajkit.runner import run_status
+    from trajkit.finalize import run_status
 
-    for key, value in run_status(run_dir).items():
+    summary = run_status(run_dir)
+    problems = summary.pop("problems")
+    for key, value in summary.items():
         click.echo(f"{key:18} {value}")
+    for problem in problems:
+        click.echo(f"bad ledger line: {problem} (its prompt runs again on --resume)")
 
 
 @cli.group()

@@ -91,12 +91,36 @@ class RowError:
         return f"{self.path}:{self.line}: {self.message}"
 
 
+class DatasetError(ValueError):
+    """The dataset cannot be run at all; the message names the file and what is wrong."""
+
+
+def check_dataset_file(path: Path | None) -> Path:
+    """The dataset file, if it is one with something in it; else :class:`DatasetError`."""
+    if path is None:
+        raise DatasetError("no dataset file given (--dataset_file)")
+    if path.is_dir():
+        raise DatasetError(f"dataset file {path} is a directory; name the JSONL file inside it")
+    if not path.exists():
+        raise DatasetError(f"dataset file {path} does not exist")
+    if not path.is_file():
+        raise DatasetError(f"dataset file {path} is not a regular file")
+    if path.stat().st_size == 0:
+        raise DatasetError(f"dataset file {path} is empty: one JSON object per line expected")
+    return path
+
+
 def read_dataset(path: Path) -> tuple[list[WorkItem], list[RowError]]:
     """Parse every line; bad lines become errors naming file and line, the good ones still run."""
     items: list[WorkItem] = []
     errors: list[RowError] = []
     seen: dict[str, int] = {}
     for line_number, raw in _lines(path):
+        if isinstance(raw, UnicodeDecodeError):
+            errors.append(
+                RowError(path, line_number, f"invalid UTF-8 ({raw.reason} at byte {raw.start + 1})")
+            )
+            continue
         if not raw.strip():
             continue
         try:
@@ -123,9 +147,16 @@ def read_dataset(path: Path) -> tuple[list[WorkItem], list[RowError]]:
     return items, errors
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        yield from enumerate(handle, start=1)
+def _lines(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
+    """Each line decoded, or why it is not UTF-8 (never replaced: the prompt would change)."""
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError as exc:
+                yield number, exc
+                continue
+            yield number, text.removeprefix("\ufeff") if number == 1 else text
 
 
 def _describe(exc: ValidationError) -> str:

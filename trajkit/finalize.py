@@ -7,19 +7,37 @@ the run, not just the last.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trajkit.config import RunConfig
 from trajkit.dataset import WorkItem
 from trajkit.filters import Record, TrajectoryFilter
 from trajkit.jsonutil import dumps_line
-from trajkit.ledger import FAILURES_FILE, LedgerIndex, Location, RecordReader, atomic_replace, read_jsonl
+from trajkit.ledger import LedgerIndex, Location, RecordReader, read_jsonl, scan
+from trajkit.rundir import (
+    CHECKPOINT_FILE,
+    FAILURES_FILE,
+    MANIFEST_FILE,
+    REJECTED_FILE,
+    STATISTICS_FILE,
+    atomic_replace,
+    batch_files,
+    lock_holder,
+    read_json_object,
+    read_statistics,
+    spent,
+    summed,
+    write_checkpoint,
+    write_statistics,
+)
 from trajkit.writers import OutputWriter
 
-REJECTED_FILE = "rejected.jsonl"
+log = logging.getLogger("trajkit")
 
 
 def rejection(record: Record, filters: Sequence[TrajectoryFilter]) -> str | None:
@@ -123,9 +141,12 @@ def finalize(
     run_tools: list[str],
 ) -> dict[str, Any]:
     """Write every writer's output and ``rejected.jsonl``; return the record statistics."""
-    for leftover in run_dir.glob(".*"):  # temporary files of a merge that a crash cut short
-        if leftover.is_file():
-            leftover.unlink()
+    # Temporary files of a merge that a crash cut short; only the merge's own: `trajkit export`
+    # may be writing its output in the run directory right now.
+    ours = [w.filename for w in writers] + [REJECTED_FILE, STATISTICS_FILE, CHECKPOINT_FILE, MANIFEST_FILE]
+    for name in ours:
+        for leftover in run_dir.glob(f".{name}.*"):
+            leftover.unlink(missing_ok=True)
     done = [(item, location) for item, location in paired if location is not None]
     reader = RecordReader(index)
     tally = Tally(run_tools)
@@ -166,6 +187,68 @@ def finalize(
     return tally.as_dict()
 
 
+def merge_run(
+    run_dir: Path,
+    paired: list[tuple[WorkItem, Location | None]],
+    index: LedgerIndex,
+    filters: Sequence[TrajectoryFilter],
+    writers: Sequence[OutputWriter],
+    run_tools: list[str],
+    manifest: dict[str, Any],
+) -> dict[str, Any]:
+    """The merge, then ``statistics.json`` and ``checkpoint.json``, all from the ledger; returns the
+    statistics. What was spent counts every model response of every invocation, killed ones too."""
+    for bad in index.bad:
+        log.warning("ledger line skipped, its prompt runs again: %s", bad)
+    pending = {item.work_id for item, location in paired if location is None}
+    records = finalize(run_dir, paired, index, filters, writers, run_tools)
+    invocations = manifest["invocations"]
+    statistics = {
+        "run_name": manifest.get("run_name"),
+        "dataset_rows": len(paired),
+        "done": len(paired) - len(pending),
+        "pending": len(pending),
+        **records,
+        "spent": spent(invocations),
+        "failures": failure_summary(run_dir, pending),
+        "invocations": len(invocations),
+        "wall_seconds": round(sum(i.get("wall_seconds", 0) for i in invocations), 3),
+        "bad_ledger_lines": len(index.bad),
+        "model_client": summed([i.get("model_client") or {} for i in invocations]),
+    }
+    write_statistics(run_dir, statistics)
+    config = manifest.get("config") or {}
+    write_checkpoint(
+        run_dir,
+        {
+            "run_name": manifest.get("run_name"),
+            "dataset_file": config.get("dataset_file"),
+            "done": statistics["done"],
+            "pending": sorted(pending),
+            "ledger_files": [path.name for _, path in batch_files(run_dir)],
+            "outputs": [w.filename for w in writers] + [REJECTED_FILE],
+        },
+    )
+    return statistics
+
+
+def warn_if_all_rejected(statistics: dict[str, Any], config: RunConfig) -> None:
+    """An empty output because the filters rejected everything: say which, and how to merge again."""
+    if not statistics["trajectories"] or statistics["kept"]:
+        return
+    filters = sorted(statistics["rejected_by_filter"])
+    log.warning(
+        "every trajectory was rejected (by %s): the outputs are empty; to merge again without %s: "
+        "trajkit run --dataset_file %s --run_name %s --output_dir %s --resume %s",
+        ", ".join(filters),
+        "it" if len(filters) == 1 else "them",
+        config.dataset_file,
+        config.run_name,
+        config.output_dir,
+        " ".join(f"--no_filter {name}" for name in filters),
+    )
+
+
 def failure_summary(run_dir: Path, pending_work: set[str]) -> dict[str, Any]:
     """Failures across invocations: every attempt by class, and the rows still failing."""
     attempts: Counter[str] = Counter()
@@ -179,4 +262,33 @@ def failure_summary(run_dir: Path, pending_work: set[str]) -> dict[str, Any]:
         "failed_attempts_by_class": dict(sorted(attempts.items())),
         "failing": sum(still_failing.values()),
         "failing_by_class": dict(sorted(still_failing.items())),
+    }
+
+
+def run_status(run_dir: Path) -> dict[str, Any]:
+    """Where a run stands, from its files alone (for ``trajkit status``); works on a run that another
+    invocation holds, and on damaged derived files (with a warning)."""
+    statistics = read_statistics(run_dir) or {}
+    index = scan(run_dir)
+    failing = {
+        e["work_id"] for e in read_jsonl(run_dir / FAILURES_FILE) if e.get("work_id") not in index.records
+    }
+    manifest = read_json_object(
+        run_dir / MANIFEST_FILE, {"invocations": list}, "the next invocation rebuilds it"
+    )
+    holder = lock_holder(run_dir)
+    return {
+        "run_dir": str(run_dir),
+        "running": str(holder) if holder else "no",
+        "finished_records": len(index.records),
+        "dataset_rows": statistics.get("dataset_rows"),
+        "done": statistics.get("done"),
+        "kept": statistics.get("kept"),
+        "rejected": statistics.get("rejected"),
+        "pending": statistics.get("pending"),
+        "failing": len(failing),
+        "bad_ledger_lines": len(index.bad),
+        "invocations": len(manifest["invocations"]) if manifest else None,
+        "spent": spent(manifest["invocations"])["cost"] if manifest else None,
+        "problems": [str(bad) for bad in index.bad],
     }

@@ -1,45 +1,39 @@
 """The run's ledger: append-only ``batch_N.jsonl`` files, one line per successful session.
 
-One writer, in the driving process. Each line is handed to the OS as its prompt finishes (a killed
-process loses nothing it wrote) and fsynced in small groups on a thread of its own (a power loss
-loses at most a moment; a slow disk never stalls the sessions). Each invocation starts a new batch
-file after the highest existing one, so no file is ever appended to by two invocations. Reading
-tolerates a torn last line.
+One writer, in the driving process (the run directory's lock sees to that). Each line is handed to
+the OS as its prompt finishes (a killed process loses nothing it wrote) and fsynced in small groups
+on a thread of its own (a power loss loses at most a moment; a slow disk never stalls the sessions).
+Each invocation starts a new batch file after the highest existing one, so no file is ever appended
+to by two invocations.
+
+A write the disk refuses (full, failing) is cut back to the last complete line and its record kept
+in memory to be written again, so a line is never left half-written for the next one to be appended
+onto. Reading validates every line (parsed, the fields the merge needs present): a line that is
+not a whole record (torn by a crash, two records run together, a block zeroed by a power cut,
+garbage) is reported with its file and line number, and its prompt simply runs again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
-import json
+import logging
 import os
-import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 from trajkit.dataset import WorkItem
 from trajkit.jsonutil import dumps_line, loads
+from trajkit.rundir import batch_files, batch_path
 
-BATCH_FILE = re.compile(r"^batch_(\d+)\.jsonl$")
-FAILURES_FILE = "failures.jsonl"
+log = logging.getLogger("trajkit")
+
 FSYNC_INTERVAL = 0.5
-
-
-def batch_files(run_dir: Path) -> list[tuple[int, Path]]:
-    """Ledger files in numeric order (batch_2 before batch_10)."""
-    found = []
-    if run_dir.is_dir():
-        for path in run_dir.iterdir():
-            match = BATCH_FILE.match(path.name)
-            if match:
-                found.append((int(match.group(1)), path))
-    return sorted(found)
 
 
 @dataclass(frozen=True)
@@ -49,15 +43,25 @@ class Location:
     offset: int
 
 
+@dataclass(frozen=True)
+class BadLine:
+    path: Path
+    line: int
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.problem}"
+
+
 @dataclass
 class LedgerIndex:
-    """Where each finished work item's record is, and what was unreadable."""
+    """Where each finished work item's record is, and which lines are not whole records."""
 
     records: dict[str, Location] = field(default_factory=dict)
     """work_id -> location of its record (the first, if a work item somehow appears twice)."""
     by_prompt: dict[str, list[int]] = field(default_factory=dict)
     """prompt_id -> occurrence numbers already done."""
-    torn: list[str] = field(default_factory=list)
+    bad: list[BadLine] = field(default_factory=list)
     paths: dict[int, Path] = field(default_factory=dict)
 
 
@@ -74,13 +78,17 @@ def scan(run_dir: Path, known: LedgerIndex | None = None) -> LedgerIndex:
         index.paths[number] = path
         with path.open("rb") as handle:
             offset = 0
-            for raw in handle:
+            for line, raw in enumerate(handle, 1):
                 here, offset = offset, offset + len(raw)
-                work_id = _work_id(raw)
+                work_id, problem = check_line(raw)
                 if work_id is None:
-                    if raw.strip():
-                        index.torn.append(f"{path.name} at byte {here}")
-                    continue
+                    if not raw.strip():
+                        continue
+                    work_id, start, problem = _salvage(raw, problem)
+                    index.bad.append(BadLine(path, line, problem))
+                    if work_id is None:
+                        continue
+                    here += start
                 if work_id in index.records:
                     continue
                 index.records[work_id] = Location(number, here)
@@ -89,23 +97,68 @@ def scan(run_dir: Path, known: LedgerIndex | None = None) -> LedgerIndex:
     return index
 
 
-# Records are written with their work_id first, so the index can be built without parsing each
-# record (ten times faster on a large ledger); anything else falls back to a full parse. Both
-# spellings: orjson's compact one, and json.dumps' (older ledgers, and orjson's fallback).
-_WORK_ID_PREFIX = re.compile(rb'\{"work_id": ?"([0-9a-f]+\.[0-9]+)",')
+# What the merge, the statistics and the filters read from every record: a line without them is
+# not a record, however well-formed its JSON.
+_REQUIRED: tuple[tuple[str, type | tuple[type, ...]], ...] = (
+    ("work_id", str),
+    ("prompt_id", str),
+    ("prompt_index", int),
+    ("conversations", list),
+    ("metadata", dict),
+    ("completed", bool),
+    ("api_calls", int),
+    ("tool_stats", dict),
+    ("usage", dict),
+    ("duration_s", (int, float)),
+    ("sandbox", dict),
+)
 
 
-def _work_id(raw: bytes) -> str | None:
+def record_problem(record: Any) -> str | None:
+    """Why ``record`` (parsed) is not a ledger record, or None."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not a record"
+    for key, kind in _REQUIRED:
+        if not isinstance(record.get(key), kind):
+            return f"field {key!r} missing or of the wrong type"
+    prompt_id, dot, occurrence = record["work_id"].rpartition(".")
+    if not dot or prompt_id != record["prompt_id"] or not occurrence.isdigit():
+        return f"work_id {record['work_id']!r} does not belong to prompt_id {record['prompt_id']!r}"
+    usage, sandbox = record["usage"], record["sandbox"]
+    if not isinstance(usage.get("prompt_tokens"), int) or not isinstance(usage.get("completion_tokens"), int):
+        return "field 'usage' lacks its token counts"
+    if not isinstance(sandbox.get("backend"), str):
+        return "field 'sandbox' lacks its backend"
+    return None
+
+
+def check_line(raw: bytes) -> tuple[str | None, str]:
+    """``(work_id, "")`` for a whole record line, ``(None, problem)`` for anything else."""
     if not raw.endswith(b"\n"):
-        return None  # a torn last line: the write never completed
-    match = _WORK_ID_PREFIX.match(raw)
-    if match and raw.endswith(b"}\n"):
-        return match.group(1).decode()
+        return None, "incomplete last line (a write cut off)"
     try:
-        work_id = loads(raw).get("work_id")
-    except (ValueError, AttributeError):
-        return None
-    return work_id if isinstance(work_id, str) and "." in work_id else None
+        record = loads(raw)
+    except (ValueError, RecursionError):
+        if b"\0" in raw:
+            return None, "NUL bytes (a block zeroed by a crash or power loss)"
+        return None, "not valid JSON"
+    problem = record_problem(record)
+    return (None, problem) if problem else (record["work_id"], "")
+
+
+_RECORD_START = b'{"work_id":'
+
+
+def _salvage(raw: bytes, problem: str) -> tuple[str | None, int, str]:
+    """A whole record at the end of a bad line (one written after a fragment, or after a zeroed
+    block) is kept: ``(work_id, its offset in the line, the problem as reported)``."""
+    start = raw.rfind(_RECORD_START, 1)
+    if start > 0:
+        work_id, _ = check_line(raw[start:])
+        if work_id is not None:
+            what = "two records on one line" if raw.startswith(_RECORD_START) else problem
+            return work_id, start, f"{what}; the whole record at byte {start} of the line ({work_id}) is kept"
+    return None, 0, problem
 
 
 class RecordReader:
@@ -131,19 +184,85 @@ class RecordReader:
 
 class AppendLog:
     """A JSONL file appended line by line: each line handed to the OS as it comes, fsynced at most
-    every half second on the fsync thread (never on the caller's), and on disk once closed."""
+    every half second on the fsync thread (never on the caller's), and on disk once closed.
+
+    A write the disk refuses leaves the file as it was before that line (a short write is cut back;
+    where even that fails, the next line starts on a line of its own) and the line waits in
+    :attr:`unwritten` for :meth:`flush` to write it, in order, with every later line.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.fd: int | None = None
+        self.size = 0
+        """Bytes of whole lines in the file: this is the only writer (the run directory's lock)."""
+        self.needs_newline = False
+        """The file ends in a fragment that could not be cut away."""
+        self.unwritten: list[bytes] = []
+        self.error: OSError | None = None
+        """The last write or fsync error, until a flush succeeds."""
         self.last_sync = 0.0
         self.syncing: Future[None] | None = None
         """This file's fsync on the fsync thread, until it is seen done."""
 
-    def append(self, entry: dict[str, Any]) -> None:
-        if self.fd is None:
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        _write_all(self.fd, dumps_line(entry))
+    def append(self, entry: dict[str, Any]) -> bool:
+        """Write one line; False when the disk refused it (it is kept, see :attr:`error`)."""
+        self.unwritten.append(dumps_line(entry))
+        return self.flush()
+
+    @property
+    def held(self) -> int:
+        """Lines the disk refused, held in memory."""
+        return len(self.unwritten)
+
+    def flush(self) -> bool:
+        """Write every unwritten line; False (with :attr:`error` set) if the disk still refuses."""
+        if self.fd is None and not self.unwritten:
+            return True  # nothing was ever appended: no file to create
+        try:
+            if self.fd is None:
+                self._open()
+            while self.unwritten:
+                self._write(self.unwritten[0])
+                del self.unwritten[0]
+            self._sync_now_and_then()
+        except OSError as exc:
+            self.error = exc
+            return False
+        self.error = None
+        return True
+
+    def _open(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        size = os.fstat(fd).st_size
+        self.fd, self.size = fd, size
+        # an earlier process died in the middle of a line: never append onto its fragment
+        self.needs_newline = False
+        if size > 0:
+            with open(self.path, "rb") as reader:
+                reader.seek(size - 1)
+                self.needs_newline = reader.read(1) != b"\n"
+
+    def _write(self, line: bytes) -> None:
+        assert self.fd is not None
+        data = b"\n" + line if self.needs_newline else line
+        done = 0
+        try:
+            while done < len(data):  # a short write; a full disk raises on the next one
+                done += os.write(self.fd, data[done:])
+        except OSError:
+            if done:
+                try:
+                    os.ftruncate(self.fd, self.size)
+                except OSError:
+                    self.size += done
+                    self.needs_newline = True
+            raise
+        self.size += len(data)
+        self.needs_newline = False
+
+    def _sync_now_and_then(self) -> None:
+        assert self.fd is not None
         now = time.monotonic()
         if now - self.last_sync > FSYNC_INTERVAL:
             if self.syncing is not None:
@@ -191,13 +310,6 @@ class AppendLog:
         return fd, syncing
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    written = os.write(fd, data)
-    while written < len(data):  # a short write; a full disk raises on the next one
-        data = data[written:]
-        written = os.write(fd, data)
-
-
 _fsync_thread: ThreadPoolExecutor | None = None
 _fsync_thread_lock = threading.Lock()
 
@@ -232,28 +344,47 @@ class LedgerWriter:
         self.batch_size = batch_size
         self.batch = existing[-1][0] + 1 if existing else 0
         self.lines_in_batch = 0
-        self.log = AppendLog(self._path())
+        self.log = AppendLog(batch_path(run_dir, self.batch))
         self.closing: list[Future[None]] = []
         """Full batch files being fsynced and closed on the fsync thread."""
 
-    def _path(self) -> Path:
-        return self.run_dir / f"batch_{self.batch}.jsonl"
-
     def next_batch_num(self) -> int:
         """The batch number the next appended record will land in."""
-        return self.batch + 1 if self.lines_in_batch >= self.batch_size else self.batch
+        return (
+            self.batch + 1
+            if self.lines_in_batch >= self.batch_size and not self.log.unwritten
+            else self.batch
+        )
 
-    def append(self, record: dict[str, Any]) -> None:
-        if self.lines_in_batch >= self.batch_size:
+    def append(self, record: dict[str, Any]) -> bool:
+        """Write a record; False when the disk refused it (it is kept in memory: :meth:`flush`)."""
+        if self.lines_in_batch >= self.batch_size and not self.log.unwritten:
             closing = self.log.close_in_background()
             self.closing = [f for f in self.closing if not f.done() or f.exception() is not None]
             if closing is not None:
                 self.closing.append(closing)
             self.batch += 1
             self.lines_in_batch = 0
-            self.log = AppendLog(self._path())
-        self.log.append(record)
+            self.log = AppendLog(batch_path(self.run_dir, self.batch))
         self.lines_in_batch += 1
+        return self.log.append(record)
+
+    def flush(self) -> bool:
+        """Write the records the disk refused so far; True once none is left."""
+        return self.log.flush()
+
+    @property
+    def error(self) -> OSError | None:
+        return self.log.error
+
+    @property
+    def held(self) -> int:
+        """Finished records held in memory because the disk refused them."""
+        return self.log.held
+
+    @property
+    def path(self) -> Path:
+        return self.log.path
 
     def close(self) -> None:
         """Every batch file of this writer is on disk when this returns (an fsync error is raised)."""
@@ -279,52 +410,6 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 continue
             if isinstance(entry, dict):
                 yield entry
-
-
-@functools.cache
-def _file_mode() -> int:
-    """The mode ``open()`` would give a new file: temporary files are 0600 until told otherwise."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def temporary_beside(path: Path) -> Path:
-    """An empty file next to ``path``, with ordinary permissions, to be renamed over it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.fchmod(fd, _file_mode())
-    os.close(fd)
-    return Path(tmp)
-
-
-@contextmanager
-def atomic_replace(target: Path) -> Iterator[Path]:
-    """A temporary path beside ``target``, renamed onto it only if the block succeeds."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_beside(target)
-    try:
-        yield tmp
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a reader sees the old file or the new one, never half."""
-    tmp = temporary_beside(path)
-    try:
-        with tmp.open("w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_atomic(path, json.dumps(data, indent=2, ensure_ascii=False, sort_keys=True) + "\n")
 
 
 def assign(items: list[WorkItem], index: LedgerIndex) -> list[tuple[WorkItem, Location | None]]:
@@ -357,3 +442,27 @@ def assign(items: list[WorkItem], index: LedgerIndex) -> list[tuple[WorkItem, Lo
         next_free[item.prompt_id] = occurrence + 1
         paired.append((replace(item, occurrence=occurrence), None))
     return paired
+
+
+async def write_held(logs: list[LedgerWriter | AppendLog], error: object, wait_s: float) -> None:
+    """Lines the disk refused are finished, paid-for work: keep writing them again for up to
+    ``wait_s`` seconds, saying what is held and how to keep it (``error`` names path and cause)."""
+    deadline = time.monotonic() + wait_s
+    delay, said = 0.2, 0.0
+    while held := sum(log_.held for log_ in logs if not log_.flush()):
+        now = time.monotonic()
+        if now >= deadline:
+            log.error("%s: %d finished lines could not be written; they run again on --resume", error, held)
+            return
+        if now - said >= 10:
+            said = now
+            log.warning(
+                "%s: %d finished lines held in memory; retrying for %.0fs (free space to keep them)",
+                error,
+                held,
+                deadline - now,
+            )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+    if said:
+        log.warning("every finished line held in memory is written now")

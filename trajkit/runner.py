@@ -9,13 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import os
 import random
 import signal
 import time
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,37 +23,40 @@ from typing import Any
 from trajkit import __version__
 from trajkit.agent import Session, run_conversation
 from trajkit.config import OUTPUT_AFFECTING, RunConfig
-from trajkit.dataset import RowError, WorkItem, read_dataset
+from trajkit.dataset import RowError, WorkItem, check_dataset_file, read_dataset
 from trajkit.distributions import Distribution, rng_for
 from trajkit.filters import TrajectoryFilter
-from trajkit.finalize import REJECTED_FILE, failure_summary, finalize, rejection
+from trajkit.finalize import merge_run, rejection, warn_if_all_rejected
 from trajkit.hookspecs import RunInfo
-from trajkit.ledger import (
-    FAILURES_FILE,
-    AppendLog,
-    LedgerIndex,
-    LedgerWriter,
-    Location,
-    assign,
-    batch_files,
-    read_jsonl,
-    scan,
-)
-from trajkit.ledger import write_json_atomic as save_json
+from trajkit.ledger import AppendLog, LedgerWriter, assign, scan, write_held
 from trajkit.manager import PluginError, PluginHost
 from trajkit.model import ModelClient, ModelError
 from trajkit.progress import Counters, Reporter
 from trajkit.records import record_json
+from trajkit.rundir import (
+    FAILURES_FILE,
+    LOCK_FILE,
+    Manifest,
+    ManifestKeeper,
+    RunIOError,
+    RunLock,
+    holds_a_run,
+    spent,
+)
 from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxError, SandboxSpec
 from trajkit.secrets import Scrubber, environment_secrets
 from trajkit.writers import OutputWriter
 
 log = logging.getLogger("trajkit")
 
-MANIFEST_FILE = "run.json"
-CHECKPOINT_FILE = "checkpoint.json"
-STATISTICS_FILE = "statistics.json"
 EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_IO, EXIT_LOCKED = 74, 75
+"""sysexits' EX_IOERR (a file of the run could not be written or read) and EX_TEMPFAIL (another
+invocation holds the run directory: try again once it has finished)."""
+ACCOUNTS_INTERVAL = 5.0
+"""Seconds between updates of the invocation's entry in run.json (what it has spent so far)."""
+HELD_RECORDS_WAIT = 120.0
+"""Seconds a run that hit a disk error keeps retrying to write the finished records it holds."""
 
 
 class RunError(RuntimeError):
@@ -101,7 +102,10 @@ class Runner:
         self.digests: dict[tuple[str, str], str | None] = {}
         self.image_failures: dict[tuple[str, str], str] = {}
         self.stop_reason: str | None = None
-        self.prior_cost = 0.0
+        self.io_error: RunIOError | None = None
+        self.lock = RunLock(self.run_dir)
+        self.manifest: Manifest
+        self.prior_spent = 0.0
         self.client_statistics: dict[str, Any] = {}
         self.interrupted = False
         self.run_id = f"{config.run_name}-{os.getpid()}-{int(time.time())}"
@@ -155,36 +159,50 @@ class Runner:
     # -- the run -----------------------------------------------------------------------------------
 
     async def run(self) -> RunOutcome:
-        if self.config.dataset_file is None or not self.config.dataset_file.is_file():
-            raise RunError(f"dataset file {self.config.dataset_file} does not exist")
-        items, row_errors = read_dataset(self.config.dataset_file)
-        if self.config.max_samples is not None:
-            items = items[: self.config.max_samples]
-        self._prepare_run_dir()
+        """Check the dataset, hold the run directory, run what is pending, merge."""
+        if self.config.resume and self.config.overwrite:
+            raise RunError("--resume continues the run and --overwrite deletes it: pass one of them")
+        path = check_dataset_file(self.config.dataset_file)
+        if self.config.max_samples == 0:
+            raise RunError("--max_samples 0 selects no rows")
+        items, row_errors = read_dataset(path)
+        items = items[: self.config.max_samples]
         routes, route_errors = self._route(items)
         row_errors += route_errors
         items = [item for item in items if item.index in routes]
         for error in row_errors:
             log.error("%s", error)
-        if not items and row_errors:
-            raise RunError(f"no valid rows in {self.config.dataset_file}")
+        if not items:
+            raise RunError(f"no valid rows in {path}" if row_errors else f"{path} holds only blank lines")
+        self._prepare_run_dir()
+        try:
+            return await self._run(items, routes, row_errors)
+        finally:
+            self.lock.release()
 
+    async def _run(
+        self, items: list[WorkItem], routes: dict[int, str], row_errors: list[RowError]
+    ) -> RunOutcome:
         index = scan(self.run_dir)
         paired = assign(items, index)
         pending = [item for item, location in paired if location is None]
         self.counters.total = len(pending)
-        started = datetime.now(UTC)
-        if (self.run_dir / STATISTICS_FILE).exists():
-            self.prior_cost = json.loads((self.run_dir / STATISTICS_FILE).read_text()).get("cost", 0.0)
+        self.prior_spent = spent(self.manifest.invocations)["cost"]
         if pending:
+            started = datetime.now(UTC)
             self._record_invocation_start(started, len(pending))
             await self._execute(pending, routes)
             self._record_invocation_end(started)
+            if self.io_error is not None:
+                raise self.io_error  # no merge on a disk that refuses writes: the resume merges
             index = scan(self.run_dir, index)  # add what this invocation wrote, then plan the merge
             paired = assign(items, index)
         else:
             log.info("nothing to do: all %d rows of the dataset are done", len(paired))
-        statistics = self._finalize(index, paired)
+        statistics = merge_run(
+            self.run_dir, paired, index, self.filters, self.writers, self.run_tools, self.manifest.data
+        )
+        warn_if_all_rejected(statistics, self.config)
         self.host.run_end(self.info, statistics)
         return RunOutcome(self._exit_code(statistics, row_errors), statistics, row_errors)
 
@@ -196,17 +214,25 @@ class Runner:
         return EXIT_OK
 
     def _prepare_run_dir(self) -> None:
+        """Take the run directory's lock before anything is written (or deleted by --overwrite)."""
         run_dir = self.run_dir
-        has_run = bool(batch_files(run_dir)) or (run_dir / FAILURES_FILE).exists()
-        if has_run and self.config.overwrite:
-            for path in run_dir.iterdir():
-                if path.is_file():
-                    path.unlink()
-        elif has_run and not self.config.resume:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunIOError(run_dir, exc) from None
+        self.lock.acquire()
+        if holds_a_run(run_dir) and not (self.config.resume or self.config.overwrite):
             raise RunError(
                 f"{run_dir} already holds a run: pass --resume to continue it, or --overwrite to start over"
             )
-        run_dir.mkdir(parents=True, exist_ok=True)
+        if self.config.overwrite:
+            for path in run_dir.iterdir():
+                if path.is_file() and path.name != LOCK_FILE:
+                    path.unlink()
+        self.manifest = Manifest(run_dir, self.config.run_name, __version__)
+        if self.manifest.data.get("config") is None:  # a new run, or a damaged run.json rebuilt
+            self.manifest.data["config"] = self.config.manifest()
+            self.manifest.save()
 
     def _route(self, items: list[WorkItem]) -> tuple[dict[int, str], list[RowError]]:
         """Which backend each row runs on; rows naming a backend that cannot be had are errors."""
@@ -250,6 +276,9 @@ class Runner:
         for item in pending:
             queue.put_nowait(item)
         self.host.run_start(self.info, len(pending))
+        accounts = ManifestKeeper(
+            self.manifest, lambda: self._progress(client.statistics()), ACCOUNTS_INTERVAL
+        )
         workers = [
             asyncio.create_task(self._worker(queue, routes, client, ledger, failures))
             for _ in range(min(self.config.num_workers, len(pending)))
@@ -261,14 +290,18 @@ class Runner:
         with Reporter(self.counters, quiet=self.config.quiet) as reporter, self._signals(loop, workers):
             self.reporter = reporter
             try:
-                await asyncio.gather(*workers, return_exceptions=True)
+                for result in await asyncio.gather(*workers, return_exceptions=True):
+                    if isinstance(result, Exception):
+                        log.error("a worker stopped: %s: %s", type(result).__name__, result)
             finally:
                 gc.unfreeze()
                 for worker in workers:
                     worker.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
-                ledger.close()
-                failures.close()
+                await accounts.stop()
+                if self.io_error is not None:
+                    await write_held([ledger, failures], self.io_error, HELD_RECORDS_WAIT)
+                self._close_logs(ledger, failures)
                 self.client_statistics = client.statistics()
                 await client.aclose()
                 await self._close_backends()
@@ -337,9 +370,10 @@ class Runner:
         failures: AppendLog,
     ) -> None:
         while self.stop_reason is None:
+            self.counters.cost = client.spent()
             if (
                 self.config.max_cost is not None
-                and self.prior_cost + self.counters.cost >= self.config.max_cost
+                and self.prior_spent + self.counters.cost >= self.config.max_cost
             ):
                 self.stop_reason = f"--max_cost {self.config.max_cost:g} reached"
                 log.warning("%s: no new sessions are started", self.stop_reason)
@@ -377,7 +411,8 @@ class Runner:
                 continue
             finally:
                 self.counters.in_flight -= 1
-            ledger.append(record)
+            if not ledger.append(record):  # kept in memory, written again: see _write_held
+                self._disk_error(ledger.path, ledger.error)
             self._count_success(record)
             return
 
@@ -386,7 +421,6 @@ class Runner:
         self.counters.succeeded += 1
         self.counters.rejected += reason is not None
         self.counters.tokens += record["usage"]["total_tokens"]
-        self.counters.cost += record["usage"]["cost"] or 0.0
         if self.config.verbose:
             log.info(
                 "finished %s (prompt %d)%s",
@@ -399,17 +433,17 @@ class Runner:
     def _record_failure(
         self, failures: AppendLog, item: WorkItem, attempt: int, failure: SessionFailure
     ) -> None:
-        failures.append(
-            {
-                "work_id": item.work_id,
-                "prompt_id": item.prompt_id,
-                "prompt_index": item.index,
-                "attempt": attempt,
-                "error_class": failure.error_class,
-                "message": self.scrubber.text(str(failure)[:2000]),
-                "time": datetime.now(UTC).isoformat(),
-            }
-        )
+        entry = {
+            "work_id": item.work_id,
+            "prompt_id": item.prompt_id,
+            "prompt_index": item.index,
+            "attempt": attempt,
+            "error_class": failure.error_class,
+            "message": self.scrubber.text(str(failure)[:2000]),
+            "time": datetime.now(UTC).isoformat(),
+        }
+        if not failures.append(entry):
+            self._disk_error(failures.path, failures.error)
         self.counters.errors.append(f"prompt {item.index}: {failure.error_class}: {str(failure)[:160]}")
         if failure.stops_run:
             return  # said once, by the stop itself
@@ -510,110 +544,44 @@ class Runner:
 
     # -- run directory bookkeeping ------------------------------------------------------------------
 
-    def _manifest(self) -> dict[str, Any]:
-        path = self.run_dir / MANIFEST_FILE
-        if path.exists():
-            data: dict[str, Any] = json.loads(path.read_text())
-            return data
-        return {"trajkit_version": __version__, "run_name": self.config.run_name, "invocations": []}
-
     def _record_invocation_start(self, started: datetime, pending: int) -> None:
-        manifest = self._manifest()
-        current = self.config.manifest()
-        previous = manifest.get("config")
-        changes = {}
-        if previous:
-            changes = {
-                k: [previous.get(k), current.get(k)]
-                for k in OUTPUT_AFFECTING
-                if previous.get(k) != current.get(k)
-            }
-            for key, (old, new) in changes.items():
-                log.warning(
-                    "resuming with %s changed from %r to %r: the dataset will mix both", key, old, new
-                )
-        manifest["config"] = current
-        manifest["plugins"] = dict(sorted(self.host.sources.items()))
-        manifest["invocations"].append(
-            {
-                "started": started.isoformat(),
-                "pending_at_start": pending,
-                "config_changes": changes,
-                "run_id": self.run_id,
-            }
-        )
-        save_json(self.run_dir / MANIFEST_FILE, manifest)
+        entry = {"started": started.isoformat(), "pending_at_start": pending, "run_id": self.run_id}
+        plugins = dict(sorted(self.host.sources.items()))
+        changes = self.manifest.start(self.config.manifest(), plugins, entry, OUTPUT_AFFECTING)
+        for key, (old, new) in changes.items():
+            log.warning("resuming with %s changed from %r to %r: the dataset will mix both", key, old, new)
 
     def _record_invocation_end(self, started: datetime) -> None:
-        manifest = self._manifest()
-        entry = manifest["invocations"][-1]
         ended = datetime.now(UTC)
-        entry.update(
-            ended=ended.isoformat(),
-            wall_seconds=round((ended - started).total_seconds(), 3),
-            succeeded=self.counters.succeeded,
-            failed=self.counters.failed,
-            stop_reason=self.stop_reason,
-            model_client=self.client_statistics,
-        )
-        save_json(self.run_dir / MANIFEST_FILE, manifest)
+        try:
+            self.manifest.update(
+                ended=ended.isoformat(),
+                wall_seconds=round((ended - started).total_seconds(), 3),
+                stop_reason=self.stop_reason,
+                **self._progress(self.client_statistics),
+            )
+        except RunIOError as exc:
+            if self.io_error is None:
+                raise
+            log.error("%s (run.json not updated)", exc)  # the disk error is said once, below
 
-    def _finalize(self, index: LedgerIndex, paired: list[tuple[WorkItem, Location | None]]) -> dict[str, Any]:
-        for torn in index.torn:
-            log.warning("ignored an incomplete ledger line in %s (a write cut off by a crash)", torn)
-        pending = {item.work_id for item, location in paired if location is None}
-        records = finalize(self.run_dir, paired, index, self.filters, self.writers, self.run_tools)
-        manifest = self._manifest()
-        statistics = {
-            "run_name": self.config.run_name,
-            "dataset_rows": len(paired),
-            "done": len(paired) - len(pending),
-            "pending": len(pending),
-            **records,
-            "failures": failure_summary(self.run_dir, pending),
-            "invocations": len(manifest["invocations"]),
-            "wall_seconds": round(sum(i.get("wall_seconds", 0) for i in manifest["invocations"]), 3),
-            "ignored_torn_lines": len(index.torn),
-            "model_client": _summed(i.get("model_client", {}) for i in manifest["invocations"]),
+    def _progress(self, client_statistics: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "succeeded": self.counters.succeeded,
+            "failed": self.counters.failed,
+            "model_client": client_statistics,
         }
-        save_json(self.run_dir / STATISTICS_FILE, statistics)
-        save_json(
-            self.run_dir / CHECKPOINT_FILE,
-            {
-                "run_name": self.config.run_name,
-                "dataset_file": str(self.config.dataset_file),
-                "done": statistics["done"],
-                "pending": sorted(pending),
-                "ledger_files": [path.name for _, path in batch_files(self.run_dir)],
-                "outputs": [w.filename for w in self.writers] + [REJECTED_FILE],
-            },
-        )
-        return statistics
 
+    def _disk_error(self, path: Path, error: OSError | None) -> None:
+        """A write the disk refused: no new session starts; finished records stay in memory."""
+        if self.io_error is None:
+            self.io_error = RunIOError(path, error or "write failed")
+            self.stop_reason = f"cannot write {self.io_error}"
+            log.error("cannot write %s: no new sessions are started", self.io_error)
 
-def _summed(entries: Iterable[dict[str, Any]]) -> dict[str, float]:
-    total: Counter[str] = Counter()
-    for entry in entries:
-        total.update({k: v for k, v in entry.items() if isinstance(v, int | float)})
-    return {k: round(v, 3) for k, v in sorted(total.items())}
-
-
-def run_status(run_dir: Path) -> dict[str, Any]:
-    """Where a run stands, from its files alone (for ``trajkit status``)."""
-    statistics_path = run_dir / STATISTICS_FILE
-    statistics = json.loads(statistics_path.read_text()) if statistics_path.exists() else {}
-    index = scan(run_dir)
-    failing = {
-        e["work_id"] for e in read_jsonl(run_dir / FAILURES_FILE) if e.get("work_id") not in index.records
-    }
-    return {
-        "run_dir": str(run_dir),
-        "finished_records": len(index.records),
-        "dataset_rows": statistics.get("dataset_rows"),
-        "done": statistics.get("done"),
-        "kept": statistics.get("kept"),
-        "rejected": statistics.get("rejected"),
-        "pending": statistics.get("pending"),
-        "failing": len(failing),
-        "torn_lines": len(index.torn),
-    }
+    def _close_logs(self, *logs: LedgerWriter | AppendLog) -> None:
+        for log_ in logs:
+            try:
+                log_.close()
+            except OSError as exc:
+                self._disk_error(log_.path, exc)

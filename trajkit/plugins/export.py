@@ -17,11 +17,9 @@ from typing import Any
 import click
 
 from trajkit import hookimpl
-from trajkit.ledger import atomic_replace
 from trajkit.manager import PluginError, PluginHost
+from trajkit.rundir import KEPT_FILE, atomic_replace
 from trajkit.writers import OutputWriter
-
-SOURCE_FILE = "trajectories.jsonl"
 
 
 @hookimpl
@@ -47,7 +45,7 @@ def export(ctx: click.Context, run_dir: Path, format_name: str, out: Path | None
         raise click.BadParameter(
             f"unknown format {format_name!r}; writers: {', '.join(sorted(writers))}", param_hint="--format"
         )
-    source = run_dir / SOURCE_FILE
+    source = run_dir / KEPT_FILE
     if not source.is_file():
         raise click.ClickException(f"{source} does not exist: RUN_DIR must be a run that has finished once")
     try:

@@ -26,15 +26,19 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from trajkit import __version__, hookimpl
+from trajkit.rundir import (
+    FAILURES_FILE,
+    KEPT_FILE,
+    MANIFEST_FILE,
+    REJECTED_FILE,
+    RunIOError,
+    read_json_object,
+    read_statistics,
+)
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-STATISTICS_FILE = "statistics.json"
-MANIFEST_FILE = "run.json"
-FAILURES_FILE = "failures.jsonl"
-REJECTED_FILE = "rejected.jsonl"
-KEPT_FILE = "trajectories.jsonl"
 REPORT_FILE = "report.html"
 
 DEFAULT_EMBEDDED = 2000
@@ -87,18 +91,17 @@ class RunFiles:
 
 def load_run(run_dir: Path) -> RunFiles:
     """The run's statistics and manifest, or a usage error that says what is missing."""
-    statistics_path = run_dir / STATISTICS_FILE
-    if not statistics_path.is_file():
-        raise click.ClickException(
-            f"{run_dir} has no {STATISTICS_FILE}: not a trajkit run directory, or no invocation of "
-            "the run has ended yet (statistics are written when an invocation stops)"
-        )
     try:
-        statistics = json.loads(statistics_path.read_text())
-        manifest_path = run_dir / MANIFEST_FILE
-        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    except ValueError as exc:
-        raise click.ClickException(f"{run_dir}: unreadable summary file: {exc}") from None
+        statistics = read_statistics(run_dir)
+        manifest = read_json_object(run_dir / MANIFEST_FILE, {}, "showing the run without it") or {}
+    except RunIOError as exc:
+        raise click.ClickException(str(exc)) from None
+    if statistics is None:
+        raise click.ClickException(
+            f"{run_dir} has no statistics.json (or a damaged one): not a trajkit run directory, or no "
+            "invocation of the run has ended yet (statistics are written when an invocation stops; "
+            "`trajkit run ... --resume` writes them again from the ledger)"
+        )
     return RunFiles(run_dir, statistics, manifest)
 
 
@@ -188,10 +191,12 @@ def stats_tables(run: RunFiles) -> list[Table]:
         ("tokens completion", number(tokens.get("completion"))),
         ("tokens total", number(tokens.get("total"))),
         ("cost", money(s.get("cost"))),
+        ("spent (every request, every invocation)", money((s.get("spent") or {}).get("cost"))),
+        ("model requests sent", number((s.get("spent") or {}).get("requests"))),
         ("invalid tool calls", number(s.get("invalid_tool_calls"))),
     ]
-    if s.get("ignored_torn_lines"):
-        rows.append(("ignored torn ledger lines", number(s["ignored_torn_lines"])))
+    if s.get("bad_ledger_lines"):
+        rows.append(("bad ledger lines (prompts ran again)", number(s["bad_ledger_lines"])))
     alarming = {"kept": "green", "rejected": "red", "pending": "yellow", "failing": "red"}
     for label, value in rows:
         style = alarming.get(label) if value not in ("0", "-") else None
@@ -231,11 +236,11 @@ def stats_tables(run: RunFiles) -> list[Table]:
     tables.append(table)
 
     client = s.get("model_client") or {}
-    table = Table(title="model client", title_justify="left")
+    table = Table(title="model client (every invocation)", title_justify="left")
     table.add_column("counter")
     table.add_column("value", justify="right")
     for name, value in client.items():
-        table.add_row(name, number(value))
+        table.add_row(name, money(value) if name == "cost" else number(value))
     if not client:
         table.add_row("(none recorded)", "")
     tables.append(table)
@@ -598,6 +603,7 @@ function renderSummary() {
     ["failing", fmt(f.failing || 0), f.failing ? "bad" : ""], ["failed attempts", fmt(f.failed_attempts || 0)],
     ["reasoning coverage", pct(s.reasoning_coverage)], ["api calls", fmt(s.api_calls)],
     ["tokens", fmt(tok.total)], ["cost", "$" + Number(s.cost || 0).toFixed(4)],
+    ["spent", "$" + Number((s.spent || {}).cost || 0).toFixed(4)],
     ["wall time", dur(s.wall_seconds)], ["invocations", fmt(s.invocations)],
     ["invalid tool calls", fmt(s.invalid_tool_calls)],
   ];
