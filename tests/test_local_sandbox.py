@@ -7,6 +7,8 @@ import asyncio
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -14,9 +16,10 @@ from typing import TypeVar
 
 import pytest
 
-from trajkit.plugins import local_command
+from trajkit.plugins import bubblewrap, local_command
 from trajkit.plugins.local_sandbox import LocalBackend, LocalSandbox
 from trajkit.sandbox import Sandbox, SandboxError, SandboxSpec
+from trajkit.testing.engines import need_engine
 from trajkit.testing.sandbox_conformance import survivors
 
 T = TypeVar("T")
@@ -32,6 +35,7 @@ def in_sandbox(root: Path, body: Callable[[Sandbox], Awaitable[T]], **options: s
             return await body(sandbox)
         finally:
             await sandbox.close()
+            await backend.aclose()
 
     return asyncio.run(main())
 
@@ -134,3 +138,127 @@ def test_a_process_that_left_the_group_cannot_hold_exec(
                 await asyncio.sleep(0.05)
 
     in_sandbox(tmp_path, body)
+
+
+def host_processes(marker: str, settle: float = 5.0) -> list[int]:
+    """Pids of this host's ``sleep MARKER...`` processes, once they had time to die."""
+    deadline = time.monotonic() + settle
+    while True:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if argv[0] == b"sleep" and argv[1].startswith(marker.encode()):
+                    found.append(int(pid))
+            except OSError:
+                continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+RUNNER = """
+import asyncio, sys
+from trajkit.plugins.local_sandbox import LocalBackend
+from trajkit.sandbox import SandboxSpec
+
+async def main():
+    backend = LocalBackend({"root": sys.argv[1], "isolation": sys.argv[2]})
+    sandbox = await backend.create(SandboxSpec(run_id="killed", work_id="w0"))
+    print("ready", flush=True)
+    await sandbox.exec(sys.argv[3], timeout=600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "none"])
+def test_kill_9_of_the_runner_leaves_no_process(tmp_path: Path, isolation: str) -> None:
+    if isolation == "bwrap":
+        need_engine("bwrap", bubblewrap.works())
+    marker = str(random.randint(10**8, 10**9))
+    command = f"sleep {marker}1 & setsid sleep {marker}2 </dev/null >/dev/null 2>&1 & sleep {marker}3"
+    runner = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(tmp_path), isolation, command], stdout=subprocess.PIPE, text=True
+    )
+    assert runner.stdout is not None and runner.stdout.readline() == "ready\n"
+    deadline = time.monotonic() + 30
+    while len(host_processes(marker, settle=0)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(host_processes(marker, settle=0)) == 3
+    runner.kill()
+    runner.wait()
+    if isolation == "none":  # nothing dies with the runner: the next run's reaper kills them
+        asyncio.run(LocalBackend({"root": str(tmp_path), "isolation": "none"}).reap())
+    assert host_processes(marker) == []
+    asyncio.run(LocalBackend({"root": str(tmp_path), "isolation": isolation}).reap())
+    assert list(tmp_path.iterdir()) == []
+    assert not any(p.endswith(f"trajkit-{runner.pid}") for p in _cgroup_dirs())
+
+
+def _cgroup_dirs() -> list[str]:
+    return [str(p) for p in Path("/sys/fs/cgroup").glob("**/trajkit-*") if p.is_dir()]
+
+
+def test_a_fork_bomb_meets_its_sandboxs_limit_alone(tmp_path: Path) -> None:
+    async def body(sb: Sandbox) -> None:
+        assert isinstance(sb, LocalSandbox)
+        if not sb.backend.cgroups:
+            need_engine("cgroups", "no cgroup can be made here")
+        neighbour = await sb.backend.create(SandboxSpec(run_id="local-test", work_id="w1"))
+        try:
+            bomb = asyncio.ensure_future(
+                sb.exec("i=0; while [ $i -lt 100 ]; do sleep 30 & i=$((i+1)); done; echo spawned", timeout=20)
+            )
+            await asyncio.sleep(1.0)
+            beside = await neighbour.exec("for i in 1 2 3 4 5; do sh -c 'echo ok' & done; wait", timeout=20)
+            assert beside.stdout.count("ok") == 5
+            result = await bomb
+            assert "Resource temporarily unavailable" in result.stderr, result
+        finally:
+            await neighbour.close()
+
+    in_sandbox(tmp_path, body, max_processes="20")
+
+
+def test_memory_is_limited_per_sandbox(tmp_path: Path) -> None:
+    async def body(sb: Sandbox) -> None:
+        assert isinstance(sb, LocalSandbox)
+        if not sb.backend.cgroups:
+            need_engine("cgroups", "no cgroup can be made here")
+        grab = "python3 -c 'x = bytearray(400 * 1024 * 1024); print(len(x))'"
+        result = await sb.exec(grab, timeout=60)
+        assert result.exit_code != 0 and "419430400" not in result.stdout
+
+    in_sandbox(tmp_path, body, memory="64M")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"isolaton": "bwrap"}, "unknown option 'isolaton'"),
+        ({"isolation": "chroot"}, "isolation must be one of auto, bwrap, none"),
+        ({"memory": "lots"}, "memory='lots'"),
+        ({"max_processes": "-3"}, "local.max_processes='-3': must be positive"),
+    ],
+)
+def test_bad_options_are_errors_naming_the_backend_and_key(
+    tmp_path: Path, options: dict[str, str], message: str
+) -> None:
+    with pytest.raises((SandboxError, ValueError), match=message):
+        LocalBackend({"root": str(tmp_path), **options})
+
+
+def test_the_sandbox_root_is_private_to_its_user(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+
+    async def body(sb: Sandbox) -> None:
+        assert oct(root.stat().st_mode & 0o777) == "0o700"
+
+    in_sandbox(root, body)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    os.chown(foreign, 12345, 12345)
+    if os.getuid() == 0:
+        with pytest.raises(SandboxError, match="not a directory of this user's"):
+            in_sandbox(foreign, body)

@@ -32,7 +32,7 @@ from pathlib import Path
 from trajkit import hookimpl
 from trajkit.confined import Beneath
 from trajkit.fileio import in_file_thread
-from trajkit.plugins import bubblewrap
+from trajkit.plugins import bubblewrap, local_cgroups
 from trajkit.plugins.local_command import Command
 from trajkit.plugins.local_processes import kill_marked
 from trajkit.sandbox import (
@@ -47,11 +47,23 @@ from trajkit.sandbox import (
     SandboxSpec,
     owner_gone,
     owner_tag,
+    positive_option,
 )
 
 log = logging.getLogger(__name__)
 
-OPTIONS = {"isolation": ("auto", "bwrap", "none"), "network": ("none", "host"), "shell": (), "root": ()}
+OPTIONS = {
+    "isolation": ("auto", "bwrap", "none"),
+    "network": ("none", "host"),
+    "shell": (),
+    "root": (),
+    "max_processes": (),
+    "memory": (),
+}
+DEFAULT_MAX_PROCESSES = 1024
+DEFAULT_MEMORY = 4 * 1024**3
+CGROUP_PREFIX = "trajkit-"
+"""This runner's sandbox cgroups live in a directory named CGROUP_PREFIX + its pid."""
 OWNER_FILE = "owner.json"
 MARKER = "TRAJKIT_SANDBOX"
 """Set in every unconfined command's environment, so its processes can be found and killed."""
@@ -91,6 +103,14 @@ class LocalBackend(SandboxBackend):
         self.isolated = _isolation(values.get("isolation", "auto"))
         self.bwrap = bubblewrap.Bubblewrap(self.root_text, network=values.get("network") == "host")
         self.root_ready = False
+        max_processes = positive_option(values, "local.max_processes", int) or DEFAULT_MAX_PROCESSES
+        memory = _bytes(values["memory"]) if "memory" in values else DEFAULT_MEMORY
+        cgroups = local_cgroups.detect(
+            f"{CGROUP_PREFIX}{os.getpid()}", max_processes=max_processes, memory=memory
+        )
+        self.cgroups = cgroups if isinstance(cgroups, local_cgroups.Cgroups) else None
+        if self.cgroups is None:
+            log.warning("local sandbox: no per-sandbox process or memory limit here: %s", cgroups)
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         cwd = os.path.normpath(spec.cwd or DEFAULT_CWD)
@@ -107,9 +127,12 @@ class LocalBackend(SandboxBackend):
             handle.write(json.dumps(owner).encode())
         workdir = os.path.join(base, "fs", cwd.lstrip("/"))
         os.makedirs(workdir)
-        return LocalSandbox(self, base, workdir, cwd)
+        joins = self.cgroups.create(os.path.basename(base)) if self.cgroups else []
+        return LocalSandbox(self, base, workdir, cwd, joins)
 
     async def reap(self, run_id: str | None = None) -> int:
+        if run_id is None:
+            await asyncio.to_thread(local_cgroups.reap_abandoned, CGROUP_PREFIX)
         if not self.root.is_dir():
             return 0
         removed = 0
@@ -119,9 +142,30 @@ class LocalBackend(SandboxBackend):
             if run_id is None and not _abandoned(base / OWNER_FILE):
                 continue
             await asyncio.to_thread(kill_marked, MARKER, base.name)
+            if self.cgroups:
+                self.cgroups.destroy(base.name)
             shutil.rmtree(base, ignore_errors=True)
             removed += 1
         return removed
+
+    async def aclose(self) -> None:
+        if self.cgroups:
+            await asyncio.to_thread(self.cgroups.close)
+
+
+def _bytes(text: str) -> int:
+    """``4G``, ``512M``, ``100000`` (bytes) as a number of bytes."""
+    units = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+    number, unit = (text[:-1], units[text[-1].upper()]) if text[-1:].upper() in units else (text, 1)
+    try:
+        value = int(float(number) * unit)
+    except ValueError:
+        raise SandboxError(
+            f"local sandbox: memory={text!r}: expected bytes, or a number with K, M, G or T"
+        ) from None
+    if value <= 0:
+        raise SandboxError(f"local sandbox: memory={text!r}: must be positive")
+    return value
 
 
 def _isolation(wanted: str) -> bool:
@@ -163,9 +207,12 @@ def _abandoned(owner_file: Path) -> bool:
 
 
 class LocalSandbox(Sandbox):
-    def __init__(self, backend: LocalBackend, base: str, workdir: str, cwd: str) -> None:
+    def __init__(self, backend: LocalBackend, base: str, workdir: str, cwd: str, joins: list[str]) -> None:
         self.backend = backend
         self.base = base
+        self.name = os.path.basename(base)
+        self.joins = joins
+        """The ``cgroup.procs`` files each command joins first (its sandbox's limits)."""
         self.workdir = workdir
         self.cwd = cwd
         self.files = Beneath(workdir, cwd)
@@ -179,7 +226,7 @@ class LocalSandbox(Sandbox):
         if backend.isolated:
             self.env["HOME"] = cwd
         else:
-            self.env.update(HOME=workdir, **{MARKER: os.path.basename(base)})
+            self.env.update(HOME=workdir, **{MARKER: self.name})
 
     async def exec(
         self,
@@ -192,22 +239,12 @@ class LocalSandbox(Sandbox):
         self._check_open()
         self.ran_commands = True
         full_env = {**self.env, **env} if env else self.env
-        argv = [self.backend.shell, "-c", command]
-        if self.backend.isolated:
-            argv, options_fd = self.backend.bwrap.argv(self.workdir, self.cwd, full_env, argv)
-            try:
-                proc = Command(
-                    argv, cwd=self.workdir, env=full_env, output_cap=output_cap, pass_fd=options_fd
-                )
-            finally:
-                os.close(options_fd)
-        else:
-            proc = Command(argv, cwd=self.workdir, env=full_env, output_cap=output_cap)
+        proc = self._start(command, full_env, output_cap)
         try:
             await proc.wait(timeout)
         finally:
             if not self.backend.isolated:  # what left the process group with setsid
-                kill_marked(MARKER, self.env[MARKER])
+                self._kill_escaped()
         stdout, stderr = proc.stdout.text(), proc.stderr.text()
         if not self.backend.isolated:  # the host path stays out of the data
             stdout, stderr = stdout.replace(self.workdir, self.cwd), stderr.replace(self.workdir, self.cwd)
@@ -233,6 +270,27 @@ class LocalSandbox(Sandbox):
         else:
             await in_file_thread(self.files.write, path, data)
 
+    def _start(self, command: str, env: Mapping[str, str], output_cap: int) -> Command:
+        argv = [self.backend.shell, "-c", command]
+        options_fd = None
+        if self.backend.isolated:
+            argv, options_fd = self.backend.bwrap.argv(self.workdir, self.cwd, env, argv)
+        if self.joins:
+            argv = local_cgroups.wrap(argv, self.joins)
+        try:
+            # Isolated commands start from /: bubblewrap's own PWD, readable inside, names no host path.
+            cwd = "/" if self.backend.isolated else self.workdir
+            return Command(argv, cwd=cwd, env=env, output_cap=output_cap, pass_fd=options_fd)
+        finally:
+            if options_fd is not None:
+                os.close(options_fd)
+
+    def _kill_escaped(self) -> None:
+        if self.backend.cgroups:
+            self.backend.cgroups.kill(self.name)
+        else:
+            kill_marked(MARKER, self.name)
+
     def _check_open(self) -> None:
         if self.closed:
             raise SandboxError("sandbox is closed")
@@ -240,6 +298,8 @@ class LocalSandbox(Sandbox):
     async def close(self) -> None:
         if not self.closed:
             self.closed = True
+            if self.backend.cgroups:
+                self.backend.cgroups.destroy(self.name)
             if self.small_tree:  # a few files: removing them costs less than a thread handoff
                 shutil.rmtree(self.base, True)
             else:
