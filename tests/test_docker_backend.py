@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import pathlib
 import subprocess
 import sys
 import tarfile
 import textwrap
 import time
+import tracemalloc
 import uuid
 from collections.abc import Iterator
 from importlib import metadata
@@ -22,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxSpec
+from trajkit.sandbox import FileTooLarge, ImageUnavailable, SandboxBackend, SandboxSpec
 from trajkit.testing.engines import need_engine
 from trajkit.testing.sandbox_conformance import SandboxConformance, survivors
 
@@ -307,6 +309,111 @@ def test_limits_and_labels_reach_the_engine(client: Any) -> None:
 
 
 @pytest.mark.engine("docker")
+def test_memory_and_process_limits_are_on_by_default(client: Any) -> None:
+    async def body() -> None:
+        backend = make_backend(pids_limit="40")
+        sandbox = await backend.create(spec())
+        try:
+            host = client.api.inspect_container(sandbox.container_id)["HostConfig"]
+            assert (host["Memory"], host["MemorySwap"], host["PidsLimit"]) == (4 * 1024**3, 4 * 1024**3, 40)
+            bomb = await sandbox.exec(
+                "i=0; while [ $i -lt 80 ]; do sleep 1000 & i=$((i+1)); done", timeout=60
+            )
+            assert "Resource temporarily unavailable" in bomb.stderr, bomb
+            after = await sandbox.exec("echo still usable; ls -d /proc/[0-9]* | wc -l", timeout=30)
+            # The exec's end killed what the bomb left: PID 1, its sleep, this exec and `ls` remain.
+            assert after.stdout.startswith("still usable\n") and int(after.stdout.split()[-1]) < 10, after
+        finally:
+            await sandbox.close()
+            await backend.aclose()
+
+    asyncio.run(body())
+
+
+@pytest.mark.engine("docker")
+def test_a_finished_exec_leaves_a_concurrent_one_running(docker_engine: None) -> None:
+    async def body() -> None:
+        backend = make_backend()
+        sandbox = await backend.create(spec())
+        try:
+            slow = asyncio.ensure_future(sandbox.exec("sleep 3; echo slow done", timeout=60))
+            await asyncio.sleep(1)
+            quick = await sandbox.exec("setsid sleep 1000 & echo quick done", timeout=60)
+            assert quick.stdout == "quick done\n"
+            finished = await slow
+            assert (finished.exit_code, finished.stdout) == (0, "slow done\n")
+        finally:
+            await sandbox.close()
+            await backend.aclose()
+
+    asyncio.run(body())
+
+
+@pytest.mark.engine("docker")
+def test_file_transfers_through_symlinks_stay_in_the_container(
+    docker_engine: None, tmp_path: pathlib.Path
+) -> None:
+    """The archive API resolves a symlinked parent in the container's root, never on the host."""
+    host_dir = tmp_path / "host"
+    host_dir.mkdir()
+    (host_dir / "kept.txt").write_bytes(b"host")
+
+    async def body() -> None:
+        backend = make_backend()
+        sandbox = await backend.create(spec())
+        try:
+            setup = f"mkdir -p real && echo inside > real/file && ln -s real/file link && ln -s {host_dir} dl && ln -s / rl"
+            await sandbox.exec(setup, timeout=30)
+            await sandbox.write_file("link", b"through the link")
+            listing = await sandbox.exec("readlink link; cat real/file", timeout=30)
+            assert listing.stdout == "real/file\nthrough the link"
+            await sandbox.write_file(f"rl{host_dir}/kept.txt", b"container")
+            await sandbox.write_file("dl/new.txt", b"container")
+            inside = await sandbox.exec(f"cat {host_dir}/kept.txt; ls -a {host_dir}", timeout=30)
+            assert inside.stdout.startswith("container")
+            assert await sandbox.read_file(f"rl{host_dir}/kept.txt") == b"container"
+        finally:
+            await sandbox.close()
+            await backend.aclose()
+        assert sorted(os.listdir(host_dir)) == ["kept.txt"]
+        assert (host_dir / "kept.txt").read_bytes() == b"host"
+
+    asyncio.run(body())
+
+
+@pytest.mark.engine("docker")
+def test_a_huge_file_is_read_as_head_and_tail_in_bounded_memory(docker_engine: None) -> None:
+    limit = 1 << 20
+
+    async def body() -> None:
+        backend = make_backend()
+        sandbox = await backend.create(spec())
+        try:
+            made = await sandbox.exec(
+                "printf HEAD > huge && dd if=/dev/zero of=huge bs=1 count=0 seek=1099511627776 2>/dev/null"
+                " && printf TAIL >> huge && echo made",
+                timeout=60,
+            )
+            assert "made" in made.stdout
+            tracemalloc.start()
+            try:
+                with pytest.raises(FileTooLarge) as caught:
+                    await sandbox.read_file("huge", limit=limit)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            assert caught.value.size == 1099511627776 + 4
+            assert caught.value.head.startswith(b"HEAD") and caught.value.tail.endswith(b"TAIL")
+            assert len(caught.value.head) + len(caught.value.tail) == limit
+            assert peak < 4 * limit, f"reading a 1 TiB file held {peak} bytes"
+        finally:
+            await sandbox.close()
+            await backend.aclose()
+
+    asyncio.run(body())
+
+
+@pytest.mark.engine("docker")
 def test_cancelled_exec_kills_its_process_group(docker_engine: None) -> None:
     marker = str(uuid.uuid4().int % 90_000 + 10_000)
 
@@ -410,6 +517,10 @@ def test_options_are_checked() -> None:
     )
     assert (parsed.memory, parsed.cpus, parsed.pids_limit) == (int(1.5 * 1024**3), 2.0, 100)
     assert (parsed.pull, parsed.network) == ("never", "none")
+    defaults = options.DockerOptions.parse({})
+    assert (defaults.memory, defaults.pids_limit) == (4 * 1024**3, 1024)
+    lifted = options.DockerOptions.parse({"memory": "none", "pids_limit": "None"})
+    assert (lifted.memory, lifted.pids_limit) == (None, None)
     bad_options = [{"network": "macvlan"}, {"memory": "lots"}, {"pids_limit": "-1"}, {"pull": "sometimes"}]
     for bad in [*bad_options, {"unknown": "1"}]:
         with pytest.raises(ValueError):

@@ -6,11 +6,14 @@ quotes, spaces or ``$(...)`` are just names and binary content stays byte-exact.
 
 from __future__ import annotations
 
+import errno
 import io
 import posixpath
 import tarfile
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+
+from trajkit.sandbox import CappedBuffer, NotARegularFile
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
@@ -52,30 +55,45 @@ def pack_directory(relative_path: str, mode: int) -> bytes:
     return buffer.getvalue()
 
 
-@dataclass(frozen=True)
-class Entry:
-    """The single top-level entry of an archive fetched for one path."""
+class _ChunkReader:
+    """A file object reading a stream of chunks in order, holding at most one chunk at a time."""
 
-    kind: str
-    """``file``, ``dir``, ``symlink`` or ``other``."""
-    data: bytes = b""
-    link_target: str = ""
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._pending = memoryview(b"")
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._pending:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return b""
+            self._pending = memoryview(chunk)
+        size = len(self._pending) if size < 0 else size
+        piece, self._pending = self._pending[:size], self._pending[size:]
+        return bytes(piece)
 
 
-def unpack_entry(archive: bytes) -> Entry:
-    """Read the first member of ``archive``: the path that was asked for."""
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+def stream_entry(chunks: Iterable[bytes], buffer: CappedBuffer) -> None:
+    """Feed the content of the archive's first member, a regular file, to ``buffer``.
+
+    The tar is read as a stream, so memory stays at ``buffer``'s cap plus a chunk however large the
+    file. Raises :class:`NotARegularFile` when the member is anything else (the path changed since
+    its stat was taken).
+    """
+    reader = _ChunkReader(chunks)
+    with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
         member = tar.next()
-        if member is None:
-            return Entry("other")
-        if member.isdir():
-            return Entry("dir")
-        if member.issym():
-            return Entry("symlink", link_target=member.linkname)
-        if member.isfile():
-            extracted = tar.extractfile(member)
-            return Entry("file", data=extracted.read() if extracted else b"")
-        return Entry("other")
+        if member is None or not member.isfile():
+            raise NotARegularFile(errno.EINVAL, "not a regular file in the sandbox")
+        content = tar.extractfile(member)
+        assert content is not None  # a regular member always has content
+        while piece := content.read(READ_PIECE):
+            buffer.feed(piece)
+    while reader.read(READ_PIECE):
+        pass  # the rest of the stream (padding, end blocks): the engine's request must finish
+
+
+READ_PIECE = 64 * 1024
 
 
 def resolve_link(link_path: str, target: str) -> str:

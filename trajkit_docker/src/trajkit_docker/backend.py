@@ -43,19 +43,26 @@ T = TypeVar("T")
 CONTROL_THREADS = 32
 """Worker threads for short engine calls; exec streams have threads of their own."""
 
-# Tools that the exec wrapper, the killer and KEEPALIVE need from the image besides /bin/sh.
-REQUIRED_TOOLS = ("setsid", "kill", "sleep", "mv", "rm", "cat")
+# Tools that the exec wrapper, the killer, KEEPALIVE and large file reads need from the image
+# besides /bin/sh.
+REQUIRED_TOOLS = ("setsid", "kill", "sleep", "mv", "rm", "cat", "head", "tail")
 CHECK_TOOLS = 'for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
 
 # PID 1 of every sandbox. It sleeps in the background and waits, so that it also reaps the orphans
-# left when an exec's process group is killed (zombies would count against pids_limit). A sleep
-# killed by a command (`pkill sleep`) is restarted for the time left; once the lifetime is over the
-# shell exits and the engine removes the container. Argument: $1 = lifetime in seconds.
+# left when an exec's process group is killed (zombies would count against pids_limit). Every exec
+# ends by killing what descends from PID 1 (see SWEEP_ORPHANS), which may include this shell's own
+# `sleep` or `date`: a killed sleep is restarted for the time left, a killed `date` (empty output) is
+# retried a second later. Once the lifetime is over the shell exits and the engine removes the
+# container. Argument: $1 = lifetime in seconds.
 KEEPALIVE = """\
 trap 'exit 0' TERM INT
-now() { date +%s 2>/dev/null || echo 0; }
-end=$(($(now) + $1))
-while left=$((end - $(now))) && [ "$left" -gt 0 ]; do sleep "$left" & wait; done
+end=$(($(date +%s 2>/dev/null || echo 0) + $1))
+while :; do
+    now=$(date +%s 2>/dev/null)
+    case $now in "" | *[!0-9]*) sleep 1 & wait; continue ;; esac
+    [ "$now" -lt "$end" ] || exit 0
+    sleep $((end - now)) & wait
+done
 """
 
 
@@ -65,7 +72,8 @@ class DockerBackend(SandboxBackend):
     name: ClassVar[str] = "docker"
     image_based: ClassVar[bool] = True
     description: ClassVar[str] = (
-        "one container per prompt; options: network (none|host|bridge), cpus, memory, pids_limit, "
+        "one container per prompt; options: network (none|host|bridge), cpus, memory (default 4g), "
+        "pids_limit (default 1024; none lifts either), "
         "pull (missing|always|never), pull_timeout"
     )
 
@@ -229,7 +237,9 @@ class DockerBackend(SandboxBackend):
         if self.settings.cpus is not None:
             host["nano_cpus"] = int(self.settings.cpus * 1e9)
         if self.settings.memory is not None:
+            # Swap included: without memswap_limit the engine lets a container swap as much again.
             host["mem_limit"] = self.settings.memory
+            host["memswap_limit"] = self.settings.memory
         if self.settings.pids_limit is not None:
             host["pids_limit"] = self.settings.pids_limit
         container = {

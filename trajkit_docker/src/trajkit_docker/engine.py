@@ -7,6 +7,8 @@ must not require the SDK, nor pay for importing it.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -14,7 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from trajkit.sandbox import ImageUnavailable, SandboxError
+from trajkit.sandbox import CappedBuffer, ImageUnavailable, SandboxError
+from trajkit_docker.archive import stream_entry
 
 POOL_SIZE = 128
 """Connections kept to the engine; each running exec holds one for as long as it streams."""
@@ -240,26 +243,119 @@ class Engine:
             return False
         return True
 
-    def get_archive(self, container_id: str, path: str) -> tuple[bytes, Mapping[str, Any]] | None:
-        """The tar of ``path`` and its stat; None if it does not exist.
+    def read_file(self, container_id: str, path: str, limit: int) -> FileRead | None:
+        """The stat of ``path`` and, for a regular file, its whole tar entry streamed into a buffer
+        of ``limit`` bytes (which keeps head and tail should the file have grown). None if missing.
 
-        A directory's content is not fetched (its tar could be huge): the archive is then empty.
+        The response is always read to its end: the engine mounts the container's file system for
+        each archive request and unmounts it only when the request is done, and a request dropped
+        halfway races with the next one (dockerd 20.10 then fails it with a mount error).
+        """
+        archive = self.open_archive(container_id, path)
+        if archive is None:
+            return None
+        with contextlib.closing(archive):
+            if file_kind(archive.stat) != "file":
+                for _ in archive.chunks():  # one tar header: the entry itself, never what it names
+                    pass
+                return FileRead(archive.stat, None)
+            buffer = CappedBuffer(limit)
+            stream_entry(archive.chunks(), buffer)
+            return FileRead(archive.stat, buffer)
+
+    def stat_path(self, container_id: str, path: str) -> Mapping[str, Any] | None:
+        """The stat of ``path`` (a symlink as itself), from a HEAD request; None if it does not exist."""
+        from docker.utils import decode_json_header
+
+        url = self.api._url("/containers/{0}/archive", container_id)
+        response = self.api.head(url, params={"path": path}, timeout=self.api.timeout)
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 400:
+            # A HEAD answer has no body, hence no reason: ask again with GET for the engine's words.
+            archive = self.open_archive(container_id, path)
+            if archive is not None:
+                archive.close()
+            raise SandboxError(f"docker: the engine could not stat {path!r} (HTTP {response.status_code})")
+        encoded = response.headers.get("X-Docker-Container-Path-Stat")
+        return decode_json_header(encoded) if encoded else {}
+
+    def open_archive(self, container_id: str, path: str) -> Archive | None:
+        """Start fetching the tar of ``path``; None if it does not exist.
+
+        Only the response's headers (with the path's stat) have been read when this returns: the
+        caller decides from the stat whether to stream the body, and must close the archive.
+        The SDK's ``get_archive`` cannot hand back the response to close, hence the raw request.
         """
         import docker.errors
+        from docker.utils import decode_json_header
 
+        url = self.api._url("/containers/{0}/archive", container_id)
+        headers = {"Accept-Encoding": "identity"}
+        response = self.api._get(url, params={"path": path}, stream=True, headers=headers)
         try:
-            chunks, stat = self.api.get_archive(container_id, path, chunk_size=None)
-        except docker.errors.NotFound:
+            self.api._raise_for_status(response)
+        except docker.errors.NotFound as exc:
+            response.close()
+            if "no such container" in api_message(exc).lower():
+                raise
             return None
-        if is_directory(stat):
-            chunks.close()
-            return b"", stat
-        return b"".join(chunks), stat
+        except docker.errors.APIError as exc:
+            response.close()
+            # The engine's words name its own host paths (its overlay directories): they must not
+            # reach the model, so a known file error is told with the sandbox's path alone.
+            message = api_message(exc).lower()
+            if "too many links" in message:
+                raise OSError(errno.ELOOP, "too many levels of symbolic links in the sandbox", path) from None
+            if "not a directory" in message:
+                raise NotADirectoryError(
+                    errno.ENOTDIR, "a parent is not a directory in the sandbox", path
+                ) from None
+            raise
+        except BaseException:
+            response.close()
+            raise
+        encoded = response.headers.get("X-Docker-Container-Path-Stat")
+        return Archive(decode_json_header(encoded) if encoded else {}, response)
 
 
+@dataclass(frozen=True)
+class FileRead:
+    stat: Mapping[str, Any]
+    buffer: CappedBuffer | None
+    """The content for a regular file, else None."""
+
+
+@dataclass(frozen=True)
+class Archive:
+    """A path's stat and the not yet read response that carries its tar."""
+
+    stat: Mapping[str, Any]
+    response: Any
+
+    def chunks(self) -> Iterator[bytes]:
+        """The tar, in pieces of at most :data:`ARCHIVE_CHUNK` bytes, so memory per read is bounded."""
+        chunks: Iterator[bytes] = self.response.iter_content(ARCHIVE_CHUNK)
+        return chunks
+
+    def close(self) -> None:
+        """Drop the connection, whatever is left unread (the engine stops tarring)."""
+        self.response.close()
+
+
+ARCHIVE_CHUNK = 64 * 1024
+# Bits of the Go file mode (``io/fs.FileMode``) that the engine reports in an archive's stat header.
 GO_MODE_DIR = 1 << 31
-"""``os.ModeDir`` in the Go file mode the engine reports in an archive's stat header."""
+GO_MODE_SYMLINK = 1 << 27
+GO_MODE_TYPE = GO_MODE_DIR | GO_MODE_SYMLINK | 1 << 26 | 1 << 25 | 1 << 24 | 1 << 21 | 1 << 19
+"""Directory, symlink, device, named pipe, socket, character device, irregular: not a regular file."""
 
 
-def is_directory(stat: Mapping[str, Any]) -> bool:
-    return bool(int(stat.get("mode", 0)) & GO_MODE_DIR)
+def file_kind(stat: Mapping[str, Any]) -> str:
+    """``dir``, ``symlink``, ``file`` (regular) or ``other`` (device, FIFO, socket...) from a stat header."""
+    mode = int(stat.get("mode", 0))
+    if mode & GO_MODE_DIR:
+        return "dir"
+    if mode & GO_MODE_SYMLINK:
+        return "symlink"
+    return "other" if mode & GO_MODE_TYPE else "file"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import posixpath
 import threading
@@ -11,9 +12,20 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trajkit.sandbox import DEFAULT_OUTPUT_CAP, CappedBuffer, ExecResult, Sandbox, SandboxError, SandboxInfo
-from trajkit_docker.archive import pack_file, resolve_link, unpack_entry
-from trajkit_docker.engine import Engine, api_message, is_directory, translated
+from trajkit.sandbox import (
+    DEFAULT_OUTPUT_CAP,
+    DEFAULT_READ_LIMIT,
+    CappedBuffer,
+    ExecResult,
+    FileTooLarge,
+    NotARegularFile,
+    Sandbox,
+    SandboxError,
+    SandboxInfo,
+    read_result,
+)
+from trajkit_docker.archive import pack_file, resolve_link
+from trajkit_docker.engine import Engine, api_message, file_kind, translated
 
 if TYPE_CHECKING:
     from trajkit_docker.backend import DockerBackend
@@ -29,15 +41,51 @@ KILL_GRACE = 10.0
 """Seconds the output stream may stay open after the process group was killed."""
 ABORT_GRACE = 5.0
 MAX_SYMLINKS = 16
+"""Symlinks one file operation follows; a loop or a long chain ends in ELOOP."""
+FILE_TIMEOUT = 60.0
+"""Seconds for the in-container part of a file read (the tail of a large file)."""
+
+# Kills, by SIGKILL, every process of the container that descends from its PID 1 other than PID 1
+# itself: what a command left running in a session of its own (`setsid daemon &`) is reparented to
+# PID 1 when its shell exits, whereas every exec the engine runs (this one, a concurrent one, a
+# killer) has a parent outside the container's PID namespace, so a parent pid of 0. PID 1's own
+# `sleep` may be killed too; PID 1 then starts another. Victims are stopped before they are killed so
+# that none sees another die, and the sweep repeats because a victim may fork while it runs.
+SWEEP_ORPHANS = """\
+sweep_orphans() {
+    sweep_round=0
+    while [ "$sweep_round" -lt 8 ]; do
+        sweep_victims=
+        for sweep_proc in /proc/[0-9]*; do
+            sweep_pid=${sweep_proc#/proc/} sweep_at=${sweep_proc#/proc/} sweep_top=
+            [ "$sweep_pid" = 1 ] && continue
+            while [ -n "$sweep_at" ] && [ "$sweep_at" != 0 ]; do
+                read -r sweep_stat 2>/dev/null <"/proc/$sweep_at/stat" || { sweep_top=; break; }
+                set -- ${sweep_stat##*) }
+                if [ "$sweep_at" = "$sweep_pid" ] && [ "$1" = Z ]; then sweep_top=; break; fi
+                sweep_top=$sweep_at sweep_at=$2
+            done
+            [ "$sweep_top" = 1 ] && sweep_victims="$sweep_victims $sweep_pid"
+        done
+        [ -n "$sweep_victims" ] || return 0
+        kill -STOP $sweep_victims 2>/dev/null
+        kill -9 $sweep_victims 2>/dev/null
+        sweep_round=$((sweep_round + 1))
+    done
+}
+"""
 
 # Runs the command as the leader of a new session, hence of a new process group whose id is the
 # leader's pid, and writes that id where a second exec can find it: `docker exec` cannot kill what it
 # started, so a timeout is enforced by `kill -9 -PGID` from that second exec. When the command ends,
-# the group is killed too, so background children never outlive the exec. A non-interactive shell
-# does not give `&` jobs their own group, so `setsid` never needs to fork and `$!` is the leader.
-# `wait`'s stderr is discarded: shells report a killed job ("Killed") there, which is not output.
+# the group is killed, then the processes that left it for a session of their own, so background
+# children and daemons never outlive the exec. A non-interactive shell does not give `&` jobs their
+# own group, so `setsid` never needs to fork and `$!` is the leader. `wait`'s stderr is discarded:
+# shells report a killed job ("Killed") there, which is not output.
 # Arguments: $1 = exec token, $2 = command, $3 = working directory.
-EXEC_WRAPPER = f"""\
+EXEC_WRAPPER = (
+    SWEEP_ORPHANS
+    + f"""\
 cd "$3" || exit 1
 setsid /bin/sh -c "$2" &
 pg=$!
@@ -46,9 +94,11 @@ f={STATE_DIR}/exec-$1
 wait "$pg" 2>/dev/null
 rc=$?
 kill -9 -"$pg" 2>/dev/null
+sweep_orphans
 rm -f "$f"
 exit "$rc"
 """
+)
 
 # Kills the process group recorded by EXEC_WRAPPER; waits briefly in case the deadline came before
 # the wrapper had written it. Argument: $1 = exec token.
@@ -70,6 +120,8 @@ class DockerSandbox(Sandbox):
         self.cwd = cwd
         self.info = info
         self._closed = False
+        self._files = asyncio.Lock()
+        """One archive request at a time: the engine's mounts for concurrent ones race."""
 
     def __repr__(self) -> str:
         return f"DockerSandbox({self.container_id[:12]}, image={self.info.image!r})"
@@ -134,33 +186,71 @@ class DockerSandbox(Sandbox):
         except SandboxError:
             pass
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, limit: int = DEFAULT_READ_LIMIT) -> bytes:
+        """Stream the file's tar entry through a buffer of ``limit`` bytes, refusing all but regular files.
+
+        The engine resolves the path inside the container (it never leaves the container's root);
+        a symlink as the last component comes back as itself and is followed here, a bounded number
+        of times. The stat comes first: a file over ``limit`` is never fetched whole, its head and
+        tail come from ``head -c`` and ``tail -c`` in the container, which seek rather than read (a
+        sparse file may claim exabytes).
+        """
         self._check_open()
         target = self._resolve(path)
-        for _ in range(MAX_SYMLINKS):
-            with translated(f"reading {target!r}"):
-                fetched = await self._call(self._engine.get_archive, self.container_id, target)
-            if fetched is None:
-                raise FileNotFoundError(f"no such file in the sandbox: {target}")
-            archive, stat = fetched
-            if is_directory(stat):
-                raise IsADirectoryError(f"is a directory in the sandbox: {target}")
-            entry = unpack_entry(archive)
-            if entry.kind == "file":
-                return entry.data
-            if entry.kind == "dir":
-                raise IsADirectoryError(f"is a directory in the sandbox: {target}")
-            if entry.kind != "symlink":
-                raise OSError(f"not a regular file in the sandbox: {target} (mode {stat.get('mode')})")
-            target = resolve_link(target, entry.link_target)
-        raise OSError(f"too many levels of symbolic links in the sandbox: {self._resolve(path)}")
+        async with self._files:
+            for _ in range(MAX_SYMLINKS):
+                with translated(f"reading {target!r}"):
+                    stat = await self._call(self._engine.stat_path, self.container_id, target)
+                if stat is None:
+                    raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox", target)
+                kind = file_kind(stat)
+                if kind == "symlink":
+                    target = resolve_link(target, str(stat.get("linkTarget") or ""))
+                    continue
+                _check_kind(kind, target)
+                size = int(stat.get("size", 0))
+                if size > limit:
+                    head = await self._in_container(["head", "-c", str(limit // 2), target], target)
+                    tail = await self._in_container(["tail", "-c", str(limit - limit // 2), target], target)
+                    raise FileTooLarge(target, size, head, tail)
+                with translated(f"reading {target!r}"):
+                    read = await self._call(self._engine.read_file, self.container_id, target, limit)
+                if read is None:
+                    raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox", target)
+                if read.buffer is None:
+                    raise NotARegularFile(errno.EINVAL, "the file changed while it was read", target)
+                return read_result(target, read.buffer)
+        raise OSError(errno.ELOOP, "too many levels of symbolic links in the sandbox", self._resolve(path))
+
+    async def _in_container(self, argv: list[str], target: str) -> bytes:
+        """The output of a short reading command (``head -c N``), at most N bytes of it kept."""
+        cap = int(argv[2])
+        run = ExecRun(self._engine, self.container_id, argv, {}, cap)
+        finished = run.start(asyncio.get_running_loop())
+        try:
+            exit_code = await asyncio.wait_for(asyncio.shield(finished), FILE_TIMEOUT)
+        except TimeoutError:
+            run.abort()
+            finished.add_done_callback(_ignore_outcome)
+            raise OSError(errno.ETIMEDOUT, f"`{argv[0]}` of the file timed out", target) from None
+        if exit_code != 0:
+            raise OSError(errno.EIO, f"`{argv[0]}` of the file failed: {run.stderr.text().strip()}", target)
+        return bytes(run.stdout.head + run.stdout.tail)
 
     async def write_file(self, path: str, data: bytes) -> None:
-        """Extract a one-file tar at the deepest existing ancestor, carrying any missing parents."""
+        """Extract a one-file tar at the deepest existing ancestor, carrying any missing parents.
+
+        The engine resolves the directory inside the container's root; a symlink as the last
+        component is followed here (the engine would replace the link itself), and anything but a
+        regular file or a missing path is refused before the engine is asked to write.
+        """
         self._check_open()
-        target = self._resolve(path)
+        async with self._files:
+            await self._write(await self._write_target(self._resolve(path)), data)
+
+    async def _write(self, target: str, data: bytes) -> None:
         if target == "/":
-            raise IsADirectoryError("is a directory in the sandbox: /")
+            raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", "/")
         directory = posixpath.dirname(target)
         while True:
             relative = posixpath.relpath(target, directory)
@@ -179,6 +269,20 @@ class DockerSandbox(Sandbox):
             if directory == "/":
                 raise SandboxError(f"docker: cannot write {target!r}: the container has no root directory")
             directory = posixpath.dirname(directory)
+
+    async def _write_target(self, target: str) -> str:
+        """Where a write of ``target`` lands: the end of its symlinks, a regular file or nothing yet."""
+        for _ in range(MAX_SYMLINKS):
+            with translated(f"looking at {target!r}"):
+                stat = await self._call(self._engine.stat_path, self.container_id, target)
+            if stat is None:
+                return target
+            kind = file_kind(stat)
+            if kind != "symlink":
+                _check_kind(kind, target)
+                return target
+            target = resolve_link(target, str(stat.get("linkTarget") or ""))
+        raise OSError(errno.ELOOP, "too many levels of symbolic links in the sandbox", target)
 
     async def close(self) -> None:
         if self._closed:
@@ -286,6 +390,16 @@ def _close_quietly(stream: Any) -> None:
         stream.close()
     except Exception as exc:
         log.debug("closing an exec stream failed: %s", exc)
+
+
+def _check_kind(kind: str, target: str) -> None:
+    """Refuse what is not a regular file: a directory, a device, a FIFO, a socket."""
+    if kind == "dir":
+        raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", target)
+    if kind != "file":
+        raise NotARegularFile(
+            errno.EINVAL, "not a regular file in the sandbox (device, FIFO or socket)", target
+        )
 
 
 def _file_error(exc: Exception, target: str) -> OSError | None:
