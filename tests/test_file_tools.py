@@ -1,0 +1,117 @@
+"""The file tools as a hostile model uses them: what they hand back and what they refuse to hold."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from trajkit.plugins import toolsets
+from trajkit.plugins.local_sandbox import LocalBackend
+from trajkit.sandbox import Sandbox, SandboxSpec
+from trajkit.secrets import REDACTED, Scrubber, environment_secrets
+from trajkit.tools import ToolContext, ToolError
+
+T = TypeVar("T")
+
+
+def with_tools(root: Path, body: Callable[[ToolContext], Awaitable[T]]) -> T:
+    async def main() -> T:
+        backend = LocalBackend({"root": str(root), "isolation": "none"})
+        sandbox: Sandbox = await backend.create(SandboxSpec(run_id="tools", work_id="w0"))
+        try:
+            return await body(ToolContext(sandbox, timeout=30, output_cap=4096))
+        finally:
+            await sandbox.close()
+            await backend.aclose()
+
+    return asyncio.run(main())
+
+
+def test_a_large_file_is_read_as_head_and_tail_with_its_size(tmp_path: Path) -> None:
+    text = "".join(f"line {i:06d}\n" for i in range(50_000))
+
+    async def body(ctx: ToolContext) -> str:
+        await ctx.sandbox.write_file("big.txt", text.encode())
+        return await toolsets.read_file({"path": "big.txt"}, ctx)
+
+    shown = with_tools(tmp_path, body)
+    assert shown.startswith("line 000000\n") and shown.endswith("line 049999\n")
+    omitted = len(text) - 4096
+    assert f"[... {omitted} bytes truncated ...]" in shown
+    assert len(shown) < 4096 + 100
+
+
+def test_patch_refuses_to_build_a_file_past_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(toolsets, "MAX_FILE_BYTES", 100_000)
+
+    async def body(ctx: ToolContext) -> tuple[str, bytes]:
+        await ctx.sandbox.write_file("a.txt", b"a" * 1000)
+        with pytest.raises(ToolError, match="would be 1000000 bytes"):
+            await toolsets.patch(
+                {"path": "a.txt", "old_string": "a", "new_string": "b" * 1000, "replace_all": True}, ctx
+            )
+        with pytest.raises(ToolError, match="content is 100001 bytes"):
+            await toolsets.write_file({"path": "b.txt", "content": "x" * 100_001}, ctx)
+        done = await toolsets.patch({"path": "a.txt", "old_string": "a" * 1000, "new_string": "ok"}, ctx)
+        return done, await ctx.sandbox.read_file("a.txt")
+
+    done, content = with_tools(tmp_path, body)
+    assert json.loads(done) == {"path": "a.txt", "replacements": 1}
+    assert content == b"ok"
+
+
+@pytest.mark.parametrize(
+    ("setup", "path", "reason"),
+    [
+        ("mkfifo p", "p", "not a regular file (a device, FIFO or socket)"),
+        ("ln -s /etc/hostname h", "h", "outside the sandbox"),
+        ("", "../../../../etc/hostname", "outside the sandbox"),
+        ("", "/proc/self/environ", "outside the sandbox"),
+        ("mkdir d", "d", "is a directory"),
+        ("", "missing.txt", "no such file"),
+    ],
+)
+def test_refusals_say_why_without_host_paths(tmp_path: Path, setup: str, path: str, reason: str) -> None:
+    async def body(ctx: ToolContext) -> list[str]:
+        if setup:
+            await ctx.sandbox.exec(setup, timeout=30)
+        said = []
+        for tool, args in (
+            (toolsets.read_file, {}),
+            (toolsets.patch, {"old_string": "a", "new_string": "b"}),
+        ):
+            with pytest.raises(ToolError) as refused:
+                await tool({"path": path, **args}, ctx)
+            said.append(str(refused.value))
+        return said
+
+    for message in with_tools(tmp_path, body):
+        assert message.endswith(reason), message
+        assert str(tmp_path) not in message
+
+
+def test_scrubber_replaces_known_secrets_everywhere_and_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-1234567890")
+    monkeypatch.setenv("HARMLESS", "value-1234567890")
+    monkeypatch.setenv("SHORT_KEY", "abc")
+    secrets = environment_secrets()
+    assert "tok-1234567890" in secrets and "value-1234567890" not in secrets
+    scrubber = Scrubber(["sk-the-api-key-0001", *secrets])
+    clean: dict[str, Any] = {"conversations": [{"from": "tool", "value": "abc ok"}], "n": 3}
+    assert scrubber.scrub(clean) is clean and scrubber.scrubbed == 0
+    dirty = {
+        "conversations": [{"from": "tool", "value": "key=sk-the-api-key-0001 and tok-1234567890"}],
+        "metadata": {"sk-the-api-key-0001": ["x tok-1234567890"]},
+        "n": 3,
+    }
+    scrubbed = scrubber.scrub(dirty)
+    assert scrubber.scrubbed == 1
+    text = json.dumps(scrubbed)
+    assert "sk-the-api-key" not in text and "tok-1234567890" not in text
+    assert scrubbed["conversations"][0]["value"] == f"key={REDACTED} and {REDACTED}"
+    assert scrubbed["n"] == 3
