@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
@@ -115,3 +116,64 @@ def test_dataset_identity_is_content_with_multiplicity(tmp_path: Path) -> None:
     assert (items[0].occurrence, items[2].occurrence) == (0, 1)
     assert items[1].prompt_id != items[3].prompt_id  # the image does
     assert items[2].row.extra_fields == {"extra": 1}
+
+
+# -- a dataset that cannot run is refused before the first session ---------------------------------
+
+
+def run_on(dataset: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return trajkit("run", "--dataset_file", str(dataset), "--run_name", "x", "--output_dir", str(out), *extra)
+
+
+def test_a_dataset_that_cannot_run_is_refused_with_its_reason(tmp_path: Path) -> None:
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n  \n\n")
+    invalid = write_jsonl(tmp_path / "invalid.jsonl", ["not json", {"text": "no prompt"}])
+    good = write_jsonl(tmp_path / "good.jsonl", [{"prompt": "hi"}])
+    cases = [
+        (folder, (), f"dataset file {folder} is a directory"),
+        (tmp_path / "missing.jsonl", (), f"dataset file {tmp_path / 'missing.jsonl'} does not exist"),
+        (empty, (), f"dataset file {empty} is empty"),
+        (blank, (), f"{blank} holds only blank lines"),
+        (invalid, (), f"no valid rows in {invalid}"),
+        (good, ("--max_samples", "0"), "--max_samples 0 selects no rows"),
+        (good, ("--resume", "--overwrite"), "--resume continues the run and --overwrite deletes it"),
+    ]
+    for dataset, extra, message in cases:
+        result = run_on(dataset, tmp_path / "out", *extra)
+        assert result.returncode == 2, (message, result.stderr)
+        assert f"error: {message}" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+        assert not (tmp_path / "out").exists(), f"{message}: nothing may be written"
+
+
+def test_invalid_utf8_is_a_row_error_naming_file_and_line(tmp_path: Path) -> None:
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_bytes(b'\xef\xbb\xbf{"prompt": "first"}\n{"prompt": "caf\xe9"}\n{"prompt": "third"}\n')
+    items, errors = read_dataset(dataset)
+    assert [item.row.prompt for item in items] == ["first", "third"]  # a BOM is not part of the row
+    assert [str(e) for e in errors] == [f"{dataset}:2: invalid UTF-8 (invalid continuation byte at byte 16)"]
+    result = run_on(dataset, tmp_path)
+    assert result.returncode == 1 and f"{dataset}:2: invalid UTF-8" in result.stderr
+    assert len(read_jsonl(tmp_path / "x" / "trajectories.jsonl")) == 2
+
+
+def test_a_run_whose_filters_reject_everything_says_so_and_how_to_merge_again(tmp_path: Path) -> None:
+    from trajkit.testing.openai_server import OpenAITestServer
+    from trajkit.testing.policies import dialect_policy
+
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"task {i} [dialect:none]"} for i in range(3)])
+    with OpenAITestServer(dialect_policy) as server:
+        result = run_on(dataset, tmp_path, "--model", "m", "--base_url", server.base_url)
+    assert result.returncode == 0, result.stderr
+    assert "every trajectory was rejected (by no_reasoning)" in result.stderr
+    again = f"trajkit run --dataset_file {dataset} --run_name x --output_dir {tmp_path} --resume --no_filter no_reasoning"
+    assert again in result.stderr
+    assert read_jsonl(tmp_path / "x" / "trajectories.jsonl") == []
+    merged = trajkit(*again.split()[1:], "--model", "m")
+    assert merged.returncode == 0, merged.stderr
+    assert len(read_jsonl(tmp_path / "x" / "trajectories.jsonl")) == 3
