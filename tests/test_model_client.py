@@ -12,7 +12,6 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
-from trajkit.ratelimit import RequestLimiter
 from trajkit.testing.openai_server import Fault, OpenAITestServer, RecordedRequest
 from trajkit.testing.policies import dialect_policy
 
@@ -87,21 +86,15 @@ def test_request_limits_hold_across_all_sessions(tmp_path: Path) -> None:
         assert in_one_second <= 10 + 1
 
 
-@pytest.mark.parametrize("transport", ["builtin", "aiohttp", "sdk"])
-def test_refused_credentials_stop_the_run_with_one_message(tmp_path: Path, transport: str) -> None:
+@pytest.mark.parametrize("transport", ["aiohttp", "sdk"])
+def test_credentials_refused_mid_run_stop_the_run_with_one_message(tmp_path: Path, transport: str) -> None:
+    """An endpoint without a model list passes the check; its first 401 stops the run."""
     dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(40)])
     with OpenAITestServer(dialect_policy, api_key="right") as server:
         result = run_cli(
-            dataset,
-            tmp_path,
-            server.base_url,
-            "--api_key",
-            "wrong",
-            "--num_workers",
-            "4",
-            "--transport",
-            transport,
-        )
+            dataset, tmp_path, server.base_url, "--api_key", "wrong", "--num_workers", "4",
+            "--transport", transport,
+        )  # fmt: skip
         assert server.count <= 4
     assert result.returncode == 1
     assert result.stderr.count("stopping the run") == 1
@@ -111,31 +104,46 @@ def test_refused_credentials_stop_the_run_with_one_message(tmp_path: Path, trans
     assert "wrong" not in (tmp_path / "r" / "failures.jsonl").read_text()
 
 
-@pytest.mark.parametrize("transport", ["builtin", "aiohttp", "sdk"])
-def test_an_unknown_model_fails_fast(tmp_path: Path, transport: str) -> None:
+@pytest.mark.parametrize("transport", ["aiohttp", "sdk"])
+def test_refused_credentials_and_unknown_models_stop_the_run_before_any_session(
+    tmp_path: Path, transport: str
+) -> None:
+    """Both are found by the check's model list: no completion request, no sandbox, one message."""
     dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(40)])
-    with OpenAITestServer(dialect_policy, models={"real-model"}) as server:
-        result = run_cli(dataset, tmp_path, server.base_url, "--num_workers", "4", "--transport", transport)
+    sandboxes = tmp_path / "sandboxes"
+    with OpenAITestServer(dialect_policy, api_key="right", models={"real-model", "other"}) as server:
+        refused = run_cli(
+            dataset, tmp_path / "a", server.base_url, "--api_key", "wrong", "--transport", transport,
+            "--sandbox_option", f"local.root={sandboxes}",
+        )  # fmt: skip
+        unknown = run_cli(
+            dataset, tmp_path / "b", server.base_url, "--api_key", "right", "--transport", transport,
+            "--sandbox_option", f"local.root={sandboxes}",
+        )  # fmt: skip
+        assert server.count == 0
+    assert not sandboxes.exists()
+    assert refused.returncode == unknown.returncode == 2
+    assert refused.stderr.count("error:") == 1 and "refused the credentials (401)" in refused.stderr
+    assert "wrong" not in refused.stderr
+    assert unknown.stderr.count("error:") == 1
+    assert "model 'm' is not among the 2 models" in unknown.stderr
+
+
+def test_an_unknown_model_found_mid_run_fails_fast(tmp_path: Path) -> None:
+    """The same model list at /models would have caught it; here only the completions say so."""
+
+    def no_such_model(body: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "_status": 404,
+            "_error": {"message": "The model `m` does not exist", "code": "model_not_found"},
+        }
+
+    dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(40)])
+    with OpenAITestServer(no_such_model) as server:
+        result = run_cli(dataset, tmp_path, server.base_url, "--num_workers", "4")
         assert server.count <= 4
     assert result.returncode == 1
     assert "model_not_found" in result.stderr and "does not exist" in result.stderr
-
-
-def test_limiter_halves_on_429_and_recovers() -> None:
-    async def scenario() -> list[int]:
-        limiter = RequestLimiter(max_concurrent=8, recover_after=2)
-        seen = [limiter.allowed]
-        await limiter.acquire()
-        await limiter.throttled(0.05)
-        await limiter.release(success=False)
-        seen.append(limiter.allowed)
-        for _ in range(8):
-            await limiter.acquire()
-            await limiter.release()
-        seen.append(limiter.allowed)
-        return seen
-
-    assert asyncio.run(scenario()) == [8, 4, 8]
 
 
 def test_cost_from_the_endpoint_and_max_cost(tmp_path: Path) -> None:
@@ -211,11 +219,11 @@ def _content_length(lines: list[str]) -> int:
 
 @pytest.mark.parametrize("bypass", [False, True])
 def test_a_proxy_from_the_environment_carries_the_requests(tmp_path: Path, bypass: bool) -> None:
-    """The default transport connects directly, so behind a proxy the run switches to aiohttp."""
+    """aiohttp reads HTTP_PROXY/NO_PROXY: the check and every completion go through the proxy."""
     dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(5)])
     server = OpenAITestServer(dialect_policy)
     with server, ForwardProxy() as proxy:
-        endpoint = f"{server.base_url}/chat/completions"
+        endpoint, models = f"{server.base_url}/chat/completions", f"{server.base_url}/models"
         env = {"HTTP_PROXY": f"http://127.0.0.1:{proxy.port}", "NO_PROXY": "127.0.0.1" if bypass else ""}
         result = trajkit(
             "run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(tmp_path),
@@ -225,11 +233,11 @@ def test_a_proxy_from_the_environment_carries_the_requests(tmp_path: Path, bypas
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(read_jsonl(tmp_path / "r" / "trajectories.jsonl")) == 5
     if bypass:
-        assert proxy.targets == [] and "HTTP_PROXY is set" not in result.stderr
+        assert proxy.targets == []
     else:
-        assert len(proxy.targets) == len(server.requests) >= 10
-        assert set(proxy.targets) == {endpoint}
-        assert "HTTP_PROXY is set" in result.stderr
+        completions = [target for target in proxy.targets if target == endpoint]
+        assert len(completions) == len(server.requests) >= 10
+        assert set(proxy.targets) == {endpoint, models}
 
 
 def test_cost_counts_answers_of_sessions_that_fail_later(tmp_path: Path) -> None:

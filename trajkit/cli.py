@@ -162,12 +162,11 @@ def cli() -> None:
 @option("max_cost", type=float, default=None, help="Stop starting sessions once the run has cost this much.")
 @option(
     "transport",
-    type=click.Choice(["builtin", "aiohttp", "sdk"]),
-    default="builtin",
+    type=click.Choice(["aiohttp", "sdk", "builtin"]),
+    default="aiohttp",
     show_default=True,
-    help="How model requests are sent: trajkit's own HTTP/1.1 client (least CPU; behind an "
-    "HTTP(S)_PROXY the run uses aiohttp instead), a bare aiohttp session (honours the proxy "
-    "variables), or the openai SDK's own path.",
+    help="How model requests are sent: aiohttp (honours HTTP(S)_PROXY/NO_PROXY) or the openai "
+    "SDK's own path; 'builtin' (retired) is taken as aiohttp with a warning.",
 )
 @option("request_timeout", type=float, default=600.0, show_default=True, help="Seconds per model request.")
 @option("sandbox_lifetime", type=float, default=3600.0, show_default=True, help="Seconds a sandbox may live.")

@@ -80,9 +80,9 @@ class RunConfig(BaseModel):
     reasoning_disabled: bool = False
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = None
-    transport: Literal["builtin", "aiohttp", "sdk"] = "builtin"
-    """How the OpenAI-compatible client sends requests: trajkit's own HTTP/1.1 client, a bare aiohttp
-    session, or the SDK's own path."""
+    transport: Literal["aiohttp", "sdk", "builtin"] = "aiohttp"
+    """How the OpenAI-compatible client sends requests: aiohttp, or the openai SDK's own path
+    (``builtin``, the retired hand-written client, is taken as ``aiohttp`` with a warning)."""
     request_timeout: float = Field(600.0, gt=0)
     max_retries: int = Field(6, ge=0)
     retry_budget: float = Field(900.0, gt=0)

@@ -47,6 +47,24 @@ class ModelNotFound(ModelConfigError):
     stops_run = True
 
 
+class ModelEndpointError(ModelConfigError):
+    """The endpoint cannot serve this run as configured: a malformed URL or key, a redirect, a host
+    that cannot be reached or credentials refused when the run starts. One message, the run stops."""
+
+    error_class = "endpoint_error"
+    stops_run = True
+
+
+class ModelUnreachable(ModelError):
+    """The endpoint stopped answering mid-run for longer than the client's bound.
+
+    Every session would fail the same way, so the run stops; a later ``--resume`` may succeed.
+    """
+
+    error_class = "endpoint_unreachable"
+    stops_run = True
+
+
 @dataclass
 class ToolCall:
     id: str

@@ -11,7 +11,6 @@ import contextlib
 import gc
 import logging
 import os
-import random
 import signal
 import time
 from collections.abc import Iterable
@@ -32,7 +31,9 @@ from trajkit.ledger import AppendLog, LedgerWriter, assign, scan, write_held
 from trajkit.manager import PluginError, PluginHost
 from trajkit.model import ModelClient, ModelError
 from trajkit.progress import Counters, Reporter
+from trajkit.ratelimit import session_deadline
 from trajkit.records import record_json
+from trajkit.retry import backoff_delay
 from trajkit.rundir import (
     FAILURES_FILE,
     LOCK_FILE,
@@ -267,9 +268,10 @@ class Runner:
         return self.config.image_backend
 
     async def _execute(self, pending: list[WorkItem], routes: dict[int, str]) -> None:
+        client = self.client_class.from_config(self.config)
+        await client.check()  # a wrong URL, key or model stops the run here, before any sandbox starts
         await self._start_backends({routes[item.index] for item in pending})
         await self._verify_images(pending, routes)
-        client = self.client_class.from_config(self.config)
         ledger = LedgerWriter(self.run_dir, self.config.batch_size)
         failures = AppendLog(self.run_dir / FAILURES_FILE)
         queue: asyncio.Queue[WorkItem] = asyncio.Queue()
@@ -407,7 +409,7 @@ class Runner:
                 if not failure.retryable or attempt == self.config.max_attempts:
                     self.counters.failed += 1
                     return
-                await asyncio.sleep(self.config.retry_backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+                await asyncio.sleep(backoff_delay(attempt, self.config.retry_backoff))
                 continue
             finally:
                 self.counters.in_flight -= 1
@@ -467,8 +469,9 @@ class Runner:
             )
         started = time.monotonic()
         try:
-            async with asyncio.timeout(self.config.prompt_timeout):
-                return await self._session(item, attempt, backend_name, client, batch_num, started)
+            async with asyncio.timeout(self.config.prompt_timeout) as deadline:
+                with session_deadline(deadline):  # waits on the run's own rate limits do not count
+                    return await self._session(item, attempt, backend_name, client, batch_num, started)
         except TimeoutError:
             raise SessionFailure(
                 "prompt_timeout", f"no result within {self.config.prompt_timeout:g}s"
@@ -569,6 +572,7 @@ class Runner:
         return {
             "succeeded": self.counters.succeeded,
             "failed": self.counters.failed,
+            "secrets_scrubbed": self.scrubber.scrubbed,
             "model_client": client_statistics,
         }
 

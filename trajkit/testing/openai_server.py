@@ -1,10 +1,10 @@
 """An OpenAI-compatible chat completions server for tests and load benchmarks.
 
-The server is a small asyncio HTTP/1.1 implementation rather than a web framework so that it
-can hold thousands of idle keep-alive connections and slow requests with one thread and
-little CPU, which is what a benchmark of a highly concurrent client needs. Replies come from a
-*policy* callable, so a test decides exactly what the "model" says, and *faults* inject the
-failures (rate limits, 5xx, hangs, dropped connections) that client retry logic must survive.
+It runs on ``aiohttp.web``: the client side of trajkit speaks HTTP through aiohttp too, but the
+two share no parsing code of trajkit's own, so neither can hide the other's misreading of HTTP.
+Replies come from a *policy* callable, so a test decides exactly what the "model" says, and
+*faults* inject the failures (rate limits, 5xx, hangs, dropped connections) that client retry
+logic must survive.
 
 Use it from synchronous tests (``with OpenAITestServer(policy) as srv: srv.base_url``), from
 async code (``async with server.serving():``) or as a process for load tests::
@@ -29,11 +29,11 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
-from http import HTTPStatus
 from types import TracebackType
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 __all__ = [
     "Fault",
@@ -57,11 +57,10 @@ Latency = float | Callable[[Body], float]
 
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 MODELS_PATHS = frozenset({"/v1/models", "/models"})
-DEFAULT_MODELS = ("trajkit-test",)
 
 _BACKLOG = 4096
-_STREAM_LIMIT = 1 << 20  # longest request head; also the read buffer size before back-pressure
-_MAX_BODY = 256 << 20
+_MAX_BODY = 256 << 20  # aiohttp.web's default (1 MiB) is shorter than a long agent conversation
+_SHUTDOWN_GRACE = 0.1  # seconds in-flight handlers get at stop: hung requests must not stall it
 _DROPPED = 0  # RecordedRequest.status of a request whose connection was dropped unanswered
 
 
@@ -167,103 +166,16 @@ def _loads(data: bytes) -> Any:
     return orjson.loads(data)
 
 
-class _ProtocolError(Exception):
-    """The bytes on the connection are not a request we can parse: answer 400 and close."""
-
-
-@dataclasses.dataclass(slots=True)
-class _Request:
-    method: str
-    path: str
-    version: str
-    headers: dict[str, str]
-    body: bytes
-
-    @property
-    def keep_alive(self) -> bool:
-        """HTTP/1.1 keeps the connection unless told otherwise; HTTP/1.0 closes unless asked."""
-        connection = self.headers.get("connection", "").lower()
-        if self.version == "HTTP/1.0":
-            return "keep-alive" in connection
-        return "close" not in connection
-
-
 @dataclasses.dataclass(slots=True)
 class _Response:
     status: int
     body: bytes
     headers: dict[str, str] = dataclasses.field(default_factory=dict)
 
-    def encode(self, keep_alive: bool) -> bytes:
-        try:
-            reason = HTTPStatus(self.status).phrase
-        except ValueError:
-            reason = "Unknown"
-        lines = [
-            f"HTTP/1.1 {self.status} {reason}",
-            "content-type: application/json",
-            f"content-length: {len(self.body)}",
-            f"connection: {'keep-alive' if keep_alive else 'close'}",
-        ]
-        lines.extend(f"{name}: {value}" for name, value in self.headers.items())
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + self.body
-
-
-async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
-    """Read one request; None on a clean end of stream between requests."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial.strip():
-            raise _ProtocolError("truncated request head") from None
-        return None
-    except asyncio.LimitOverrunError:
-        raise _ProtocolError("request head too large") from None
-    request_line, *header_lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
-    parts = request_line.split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-        raise _ProtocolError(f"malformed request line {request_line!r}")
-    headers: dict[str, str] = {}
-    for line in header_lines:
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise _ProtocolError(f"malformed header line {line!r}")
-        headers[name.strip().lower()] = value.strip()
-    body = await _read_body(reader, headers)
-    return _Request(parts[0].upper(), parts[1].split("?", 1)[0], parts[2], headers, body)
-
-
-async def _read_body(reader: asyncio.StreamReader, headers: Mapping[str, str]) -> bytes:
-    """Read a Content-Length body, or a chunked one since some clients stream uploads."""
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        return await _read_chunked(reader)
-    try:
-        length = int(headers.get("content-length", "0"))
-    except ValueError:
-        raise _ProtocolError("bad content-length") from None
-    if not 0 <= length <= _MAX_BODY:
-        raise _ProtocolError("bad content-length")
-    return await reader.readexactly(length) if length else b""
-
-
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    chunks: list[bytes] = []
-    total = 0
-    while True:
-        size_line = await reader.readuntil(b"\r\n")
-        try:
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise _ProtocolError("bad chunk size") from None
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":  # skip trailers
-                pass
-            return b"".join(chunks)
-        total += size
-        if total > _MAX_BODY:
-            raise _ProtocolError("body too large")
-        chunks.append(await reader.readexactly(size))
-        await reader.readexactly(2)
+    def web(self) -> web.Response:
+        return web.Response(
+            status=self.status, body=self.body, headers=self.headers, content_type="application/json"
+        )
 
 
 def _error_response(
@@ -331,6 +243,8 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 class OpenAITestServer:
     """An OpenAI-compatible ``/v1/chat/completions`` endpoint whose answers come from ``policy``.
 
+    ``models`` are the model names accepted and listed at ``/v1/models``; None accepts any model
+    and, having no fixed list, answers ``/v1/models`` with 404 as endpoints without a list do.
     Counters and records are guarded by a lock because tests read them from another thread
     while the server's loop runs in the background.
     """
@@ -362,9 +276,7 @@ class OpenAITestServer:
         self._count = 0
         self._in_flight = 0
         self._max_in_flight = 0
-        self._server: asyncio.Server | None = None
-        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
-        self._closing = False
+        self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._thread_loop: asyncio.AbstractEventLoop | None = None
         self._thread_stop: asyncio.Event | None = None
@@ -514,91 +426,56 @@ class OpenAITestServer:
         finally:
             await self._close()
 
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=_MAX_BODY)
+        for path in COMPLETION_PATHS:
+            app.router.add_post(path, self._handle_completion)
+        for path in MODELS_PATHS:
+            app.router.add_get(path, self._handle_models)
+        app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
+        return app
+
     async def _open(self) -> None:
-        if self._server is not None:
+        if self._runner is not None:
             raise RuntimeError("server already running")
-        self._closing = False
-        self._server = await asyncio.start_server(
-            self._accept,
-            self._host,
-            self._requested_port,
-            backlog=_BACKLOG,
-            limit=_STREAM_LIMIT,
-            reuse_address=True,
+        # No access log: a load server answers thousands of requests a second.
+        runner = web.AppRunner(
+            self._app(), access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_GRACE
         )
-        self._port = self._server.sockets[0].getsockname()[1]
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._requested_port, backlog=_BACKLOG, reuse_address=True)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._port = runner.addresses[0][1]
 
     async def _close(self) -> None:
-        """Stop accepting, then drop every connection so idle keep-alive clients cannot stall us."""
-        server, self._server = self._server, None
-        if server is None:
+        """Stop accepting, close idle keep-alive connections, cancel handlers still running."""
+        runner, self._runner = self._runner, None
+        if runner is None:
             return
-        self._closing = True
-        server.close()
-        await asyncio.sleep(0)  # let connections accepted just before close reach _accept
-        connections = list(self._connections.items())
-        for task, writer in connections:
-            writer.transport.abort()
-            task.cancel()
-        await asyncio.gather(*(task for task, _ in connections), return_exceptions=True)
-        await server.wait_closed()
+        await runner.cleanup()
         self._port = None
 
     # -- HTTP ------------------------------------------------------------------------------
 
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Called synchronously on connect, so shutdown sees every connection, even unstarted ones."""
-        if self._closing:
-            writer.transport.abort()
-            return
-        task = asyncio.get_running_loop().create_task(self._serve_connection(reader, writer))
-        self._connections[task] = writer
-        task.add_done_callback(self._forget_connection)
+    async def _handle_unknown(self, request: web.Request) -> web.Response:
+        return _error_response(404, f"Invalid URL ({request.method} {request.path})").web()
 
-    def _forget_connection(self, task: asyncio.Task[None]) -> None:
-        self._connections.pop(task, None)
-
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await self._connection_loop(reader, writer)
-        except (
-            asyncio.CancelledError,
-            ConnectionError,
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,
-        ):
-            # Shutdown or a vanished client. Cancellation is not re-raised: this task is the
-            # whole connection and ends here anyway.
-            writer.transport.abort()
-        finally:
-            writer.close()
-
-    async def _connection_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                request = await _read_request(reader)
-            except _ProtocolError as exc:
-                writer.write(_error_response(400, str(exc)).encode(keep_alive=False))
-                await writer.drain()
-                return
-            if request is None:
-                return
-            response = await self._dispatch(request)
-            if response is None:
-                writer.transport.abort()
-                return
-            writer.write(response.encode(request.keep_alive))
-            await writer.drain()
-            if not request.keep_alive:
-                return
-
-    async def _dispatch(self, request: _Request) -> _Response | None:
-        """Route a request; None means drop the connection without answering."""
-        if request.method == "POST" and request.path in COMPLETION_PATHS:
-            return await self._handle_completion(request)
-        if request.method == "GET" and request.path in MODELS_PATHS:
-            return self._check_auth(request.headers) or self._models_response()
-        return _error_response(404, f"Invalid URL ({request.method} {request.path})")
+    async def _handle_models(self, request: web.Request) -> web.Response:
+        if self._models is None:
+            return await self._handle_unknown(request)
+        rejection = self._check_auth(request.headers)
+        if rejection is not None:
+            return rejection.web()
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "trajkit"}
+            for name in sorted(self._models)
+        ]
+        return _Response(200, _dumps({"object": "list", "data": data})).web()
 
     def _check_auth(self, headers: Mapping[str, str]) -> _Response | None:
         if self._api_key is None:
@@ -608,30 +485,34 @@ class OpenAITestServer:
             return None
         return _error_response(401, "Incorrect API key provided.", code="invalid_api_key")
 
-    def _models_response(self) -> _Response:
-        names = sorted(self._models) if self._models is not None else list(DEFAULT_MODELS)
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "trajkit"} for name in names]
-        return _Response(200, _dumps({"object": "list", "data": data}))
-
-    async def _handle_completion(self, request: _Request) -> _Response | None:
+    async def _handle_completion(self, request: web.Request) -> web.Response:
+        raw = await request.read()
         try:
-            body = _loads(request.body)
+            body = _loads(raw)
         except ValueError:
-            return _error_response(400, "We could not parse the JSON body of your request.")
+            return _error_response(400, "We could not parse the JSON body of your request.").web()
         if not isinstance(body, dict):
-            return _error_response(400, "The request body must be a JSON object.")
-        record = self._begin(body, request.headers)
+            return _error_response(400, "The request body must be a JSON object.").web()
+        record = self._begin(body, {name.lower(): value for name, value in request.headers.items()})
         status = _DROPPED
         try:
-            response = await self._complete(record.number, body, request)
+            response = await self._complete(record.number, body, request.headers, len(raw))
             if response is not None:
                 status = response.status
-            return response
         finally:
             self._finish(record, status)
+        if response is None:
+            # Dropped unanswered: aborting the transport makes aiohttp write nothing more.
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response()
+        return response.web()
 
-    async def _complete(self, number: int, body: Body, request: _Request) -> _Response | None:
-        rejection = self._reject(body, request.headers)
+    async def _complete(
+        self, number: int, body: Body, headers: Mapping[str, str], size: int
+    ) -> _Response | None:
+        """The answer to one completion request; None means drop the connection without one."""
+        rejection = self._reject(body, headers)
         if rejection is not None:
             return rejection
         fault = self._faults(number, body) if self._faults is not None else None
@@ -647,7 +528,7 @@ class OpenAITestServer:
         delay = self._latency(body) if callable(self._latency) else self._latency
         if delay > 0:
             await asyncio.sleep(delay)
-        response = await self._run_policy(body, len(request.body))
+        response = await self._run_policy(body, size)
         response.headers = {**extra_headers, **response.headers}
         return response
 
