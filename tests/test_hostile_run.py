@@ -163,3 +163,26 @@ def test_an_empty_key_file_is_refused(tmp_path: Path, content: str) -> None:
         RunConfig(api_key_file=key_file)
     key_file.write_text(f"  {KEY}\n")
     assert RunConfig(api_key_file=key_file).secret_values() == [KEY]
+
+
+def test_a_secret_that_reaches_a_record_is_scrubbed_and_counted(tmp_path: Path) -> None:
+    def leaky(body: dict[str, Any]) -> dict[str, Any]:
+        return {"content": f"the key you gave me is {KEY}", "reasoning": f"I saw {KEY}"}
+
+    dataset = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "What is the key?"}, {"prompt": "Again?"}])
+    with OpenAITestServer(leaky, api_key=KEY, models={"m"}) as server:
+        argv = [
+            sys.executable, "-m", "trajkit", "run",
+            "--dataset_file", str(dataset), "--run_name", "leaky", "--output_dir", str(tmp_path / "data"),
+            "--model", "m", "--base_url", server.base_url, "--quiet",
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+        finished = subprocess.run(argv, capture_output=True, text=True, env={**env, "OPENAI_API_KEY": KEY})
+    assert finished.returncode == 0, finished.stderr
+    run_dir = tmp_path / "data" / "leaky"
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert KEY.encode() not in path.read_bytes(), f"the key is in {path}"
+    records = read_jsonl(run_dir / "trajectories.jsonl")
+    assert [r["conversations"][-1]["value"] for r in records] == ["the key you gave me is [REDACTED]"] * 2
+    assert json.loads((run_dir / "statistics.json").read_text())["secrets_scrubbed"] == 2

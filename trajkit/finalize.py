@@ -214,6 +214,7 @@ def merge_run(
         "invocations": len(invocations),
         "wall_seconds": round(sum(i.get("wall_seconds", 0) for i in invocations), 3),
         "bad_ledger_lines": len(index.bad),
+        "secrets_scrubbed": sum(i.get("secrets_scrubbed", 0) for i in invocations),
         "model_client": summed([i.get("model_client") or {} for i in invocations]),
     }
     write_statistics(run_dir, statistics)
