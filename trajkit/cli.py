@@ -336,8 +336,14 @@ def plugins(ctx: click.Context) -> None:
 def status(run_dir: Path) -> None:
     """Where a run stands: done, rejected, failing, pending."""
     from trajkit.finalize import run_status
+    from trajkit.rundir import RunIOError
+    from trajkit.runner import EXIT_IO
 
-    summary = run_status(run_dir)
+    try:
+        summary = run_status(run_dir)
+    except (RunIOError, OSError) as exc:
+        click.echo(f"error: {exc if isinstance(exc, RunIOError) else RunIOError.of(exc, run_dir)}", err=True)
+        sys.exit(EXIT_IO)
     problems = summary.pop("problems")
     for key, value in summary.items():
         click.echo(f"{key:18} {value}")

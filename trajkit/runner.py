@@ -175,8 +175,8 @@ class Runner:
             log.error("%s", error)
         if not items:
             raise RunError(f"no valid rows in {path}" if row_errors else f"{path} holds only blank lines")
-        self._prepare_run_dir()
         try:
+            self._prepare_run_dir()
             return await self._run(items, routes, row_errors)
         finally:
             self.lock.release()
