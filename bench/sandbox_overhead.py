@@ -8,6 +8,7 @@ trajkit adds. The Docker part is skipped, with a note, when no engine answers.
     python -m bench.sandbox_overhead                     # quick: 200 local, 10 docker
     python -m bench.sandbox_overhead --local 2000 --docker 50
     python -m bench.sandbox_overhead --shell /bin/sh     # the local backend's local.shell option
+    python -m bench.sandbox_overhead --isolation none    # unconfined commands (the default is bubblewrap)
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--shell", help="the local backend's shell (its local.shell option; default bash)")
     parser.add_argument(
+        "--isolation",
+        choices=["auto", "bwrap", "none"],
+        help="the local backend's isolation option (default: the backend's own, auto)",
+    )
+    parser.add_argument(
         "--docker", type=int, default=10, help="Docker containers per method (default 10, 0: skip)"
     )
     parser.add_argument(
@@ -73,15 +79,16 @@ async def _timed(times: dict[str, list[float]], step: str, action: Awaitable[Any
     return result
 
 
-def _local_options(root: Path, shell: str | None) -> dict[str, str]:
-    return {"root": str(root), **({"shell": shell} if shell else {})}
+def _local_options(root: Path, shell: str | None, isolation: str | None = None) -> dict[str, str]:
+    options = {"root": str(root), "shell": shell, "isolation": isolation}
+    return {key: value for key, value in options.items() if value}
 
 
-async def _local(n: int, root: Path, concurrency: int, shell: str | None = None) -> dict[str, Any]:
+async def _local(n: int, concurrency: int, options: dict[str, str]) -> dict[str, Any]:
     from trajkit.plugins.local_sandbox import LocalBackend
     from trajkit.sandbox import SandboxSpec
 
-    backend = LocalBackend(_local_options(root, shell))
+    backend = LocalBackend(options)
     times: dict[str, list[float]] = {s: [] for s in STEPS}
 
     async def one(i: int) -> None:
@@ -109,7 +116,7 @@ async def _local(n: int, root: Path, concurrency: int, shell: str | None = None)
         await asyncio.gather(*(gated(i) for i in range(n)))
     wall = time.perf_counter() - started
     await backend.reap("bench-local")
-    leftovers = list(root.iterdir())
+    leftovers = list(Path(options["root"]).iterdir())
     return {
         **_summary(times),
         "concurrency": max(concurrency, 1),
@@ -119,7 +126,7 @@ async def _local(n: int, root: Path, concurrency: int, shell: str | None = None)
 
 
 async def _exec_rate(
-    n: int, concurrency: int, root: Path, how: str, watcher: str, shell: str | None = None
+    n: int, concurrency: int, options: dict[str, str], how: str, watcher: str
 ) -> dict[str, Any]:
     """``true`` started n times, ``concurrency`` at once: through LocalSandbox.exec or bare asyncio."""
     import resource
@@ -131,7 +138,7 @@ async def _exec_rate(
         chosen = asyncio.PidfdChildWatcher()
         asyncio.set_child_watcher(chosen)
         chosen.attach_loop(asyncio.get_running_loop())
-    backend = LocalBackend(_local_options(root, shell))
+    backend = LocalBackend(options)
     sandbox = await backend.create(SandboxSpec(run_id="bench-exec", work_id="w.0"))
     gate = asyncio.Semaphore(concurrency)
     shell = backend.shell
@@ -264,14 +271,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": common.machine(),
     }
     with tempfile.TemporaryDirectory(prefix="trajkit-bench-") as tmp:
-        root = Path(tmp)
+        options = _local_options(Path(tmp), args.shell, args.isolation)
         if args.local > 0:
-            results["local_sequential"] = asyncio.run(_local(args.local, root, 1, args.shell))
+            results["local_sequential"] = asyncio.run(_local(args.local, 1, options))
             _print("local, one at a time", results["local_sequential"])
         if args.local > 0 and args.local_concurrency > 1:
-            results["local_concurrent"] = asyncio.run(
-                _local(args.local, root, args.local_concurrency, args.shell)
-            )
+            results["local_concurrent"] = asyncio.run(_local(args.local, args.local_concurrency, options))
             _print(f"local, {args.local_concurrency} at once", results["local_concurrent"])
         if args.execs > 0:
             rates = []
@@ -281,9 +286,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ("bare", "pidfd"),
                 ("trajkit", "pidfd"),
             ):
-                rate = asyncio.run(
-                    _exec_rate(args.execs, args.exec_concurrency, root, how, watcher, args.shell)
-                )
+                rate = asyncio.run(_exec_rate(args.execs, args.exec_concurrency, options, how, watcher))
                 rates.append(rate)
                 print(
                     f"exec 'true' {how:8} {watcher:8} child watcher: {rate['per_second']:7.1f}/s, runner CPU "

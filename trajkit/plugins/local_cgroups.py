@@ -29,13 +29,14 @@ class Cgroups:
         self.memory = memory
         self.v2 = v2
 
-    def create(self, name: str) -> list[str]:
-        """Make the sandbox ``name``'s cgroups with their limits; the ``cgroup.procs`` files to join."""
+    def create(self, name: str, *, limits: bool = True) -> list[str]:
+        """Make the cgroups ``name`` (a sandbox, or ``sandbox/command`` below one, which its
+        sandbox's limits already bound); the ``cgroup.procs`` files to join."""
         joins = []
         for controller, parent in self.parents.items():
             path = os.path.join(parent, name)
             os.makedirs(path, exist_ok=True)
-            for limit_file, value in self._limits(controller):
+            for limit_file, value in self._limits(controller) if limits else ():
                 with open(os.path.join(path, limit_file), "w") as handle:
                     handle.write(str(value))
             joins.append(os.path.join(path, "cgroup.procs"))
@@ -48,13 +49,9 @@ class Cgroups:
             return [("pids.max", self.max_processes)]
         return [("memory.limit_in_bytes", self.memory)]
 
-    def kill(self, name: str) -> None:
-        """Kill every process of the sandbox ``name``, however it left its process group."""
-        for parent in self.parents.values():
-            kill_all(os.path.join(parent, name))
-
     def destroy(self, name: str) -> None:
-        """Kill every process of the sandbox ``name`` and remove its cgroups."""
+        """Kill every process of the cgroups ``name`` (however they left their process group), and
+        remove them."""
         for parent in self.parents.values():
             remove(os.path.join(parent, name))
 

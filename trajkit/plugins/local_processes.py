@@ -18,8 +18,9 @@ PASSES = 5
 
 
 def marked(name: str, value: str) -> list[int]:
-    """Pids of this user's processes whose environment holds ``name=value``."""
+    """Pids of this user's processes whose environment holds ``name=value`` or ``name=value/...``."""
     needle = f"{name}={value}".encode()
+    below = needle + b"/"
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -29,13 +30,13 @@ def marked(name: str, value: str) -> list[int]:
                 environ = handle.read()
         except OSError:  # gone, or another user's
             continue
-        if needle in environ.split(b"\0"):
+        if any(item == needle or item.startswith(below) for item in environ.split(b"\0")):
             found.append(int(entry))
     return found
 
 
 def kill_marked(name: str, value: str) -> int:
-    """SIGKILL every process carrying ``name=value``; how many were killed."""
+    """SIGKILL every process carrying ``name=value`` (or a value below it); how many were killed."""
     killed = 0
     for _ in range(PASSES):
         pids = [pid for pid in marked(name, value) if pid != os.getpid()]

@@ -19,6 +19,7 @@ Whatever the isolation, the file tools reach only the prompt's working directory
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -213,6 +214,7 @@ class LocalSandbox(Sandbox):
         self.name = os.path.basename(base)
         self.joins = joins
         """The ``cgroup.procs`` files each command joins first (its sandbox's limits)."""
+        self.execs = 0
         self.workdir = workdir
         self.cwd = cwd
         self.files = Beneath(workdir, cwd)
@@ -239,19 +241,49 @@ class LocalSandbox(Sandbox):
         self._check_open()
         self.ran_commands = True
         full_env = {**self.env, **env} if env else self.env
-        proc = self._start(command, full_env, output_cap)
+        if self.backend.isolated:  # its own PID namespace: nothing it starts outlives it
+            return await self._run(command, full_env, timeout, output_cap, self.joins)
+        # Unconfined: each command gets a mark and a cgroup of its own, so that what it leaves
+        # behind (setsid daemons) can be killed without touching the commands running beside it.
+        self.execs += 1
+        tag = f"{self.name}/{self.execs}"
+        cgroups = self.backend.cgroups
+        joins = cgroups.create(tag, limits=False) if cgroups else []
         try:
-            await proc.wait(timeout)
+            result = await self._run(command, {**full_env, MARKER: tag}, timeout, output_cap, joins)
         finally:
-            if not self.backend.isolated:  # what left the process group with setsid
-                self._kill_escaped()
-        stdout, stderr = proc.stdout.text(), proc.stderr.text()
-        if not self.backend.isolated:  # the host path stays out of the data
-            stdout, stderr = stdout.replace(self.workdir, self.cwd), stderr.replace(self.workdir, self.cwd)
+            if cgroups:
+                cgroups.destroy(tag)
+            else:
+                kill_marked(MARKER, tag)
+        # The host path of the working directory stays out of the data.
+        return dataclasses.replace(
+            result,
+            stdout=result.stdout.replace(self.workdir, self.cwd),
+            stderr=result.stderr.replace(self.workdir, self.cwd),
+        )
+
+    async def _run(
+        self, command: str, env: Mapping[str, str], timeout: float, output_cap: int, joins: list[str]
+    ) -> ExecResult:
+        argv = [self.backend.shell, "-c", command]
+        options_fd = None
+        if self.backend.isolated:
+            argv, options_fd = self.backend.bwrap.argv(self.workdir, self.cwd, env, argv)
+        if joins:
+            argv = local_cgroups.wrap(argv, joins)
+        # Isolated commands start from /: bubblewrap's own PWD, readable inside, names no host path.
+        cwd = "/" if self.backend.isolated else self.workdir
+        try:
+            proc = Command(argv, cwd=cwd, env=env, output_cap=output_cap, pass_fd=options_fd)
+        finally:
+            if options_fd is not None:
+                os.close(options_fd)
+        await proc.wait(timeout)
         return ExecResult(
             exit_code=124 if proc.timed_out else (proc.returncode or 0),
-            stdout=stdout,
-            stderr=stderr,
+            stdout=proc.stdout.text(),
+            stderr=proc.stderr.text(),
             timed_out=proc.timed_out,
             truncated=proc.stdout.truncated or proc.stderr.truncated,
         )
@@ -269,27 +301,6 @@ class LocalSandbox(Sandbox):
             self.files.write(path, data)
         else:
             await in_file_thread(self.files.write, path, data)
-
-    def _start(self, command: str, env: Mapping[str, str], output_cap: int) -> Command:
-        argv = [self.backend.shell, "-c", command]
-        options_fd = None
-        if self.backend.isolated:
-            argv, options_fd = self.backend.bwrap.argv(self.workdir, self.cwd, env, argv)
-        if self.joins:
-            argv = local_cgroups.wrap(argv, self.joins)
-        try:
-            # Isolated commands start from /: bubblewrap's own PWD, readable inside, names no host path.
-            cwd = "/" if self.backend.isolated else self.workdir
-            return Command(argv, cwd=cwd, env=env, output_cap=output_cap, pass_fd=options_fd)
-        finally:
-            if options_fd is not None:
-                os.close(options_fd)
-
-    def _kill_escaped(self) -> None:
-        if self.backend.cgroups:
-            self.backend.cgroups.kill(self.name)
-        else:
-            kill_marked(MARKER, self.name)
 
     def _check_open(self) -> None:
         if self.closed:

@@ -285,6 +285,18 @@ class SandboxConformance(HostileConformance):
 
         run(body)
 
+    def test_commands_beside_each_other_run_to_their_end(self, harness: BackendHarness) -> None:
+        async def body() -> None:
+            async with self.sandbox(harness) as sb:
+                slow = asyncio.ensure_future(sb.exec("sleep 2; echo survived", timeout=60))
+                await asyncio.sleep(0.3)
+                quick = await asyncio.gather(*(sb.exec(f"echo {i}", timeout=30) for i in range(5)))
+                assert [r.stdout for r in quick] == [f"{i}\n" for i in range(5)]
+                result = await slow
+                assert (result.exit_code, result.stdout) == (0, "survived\n")
+
+        run(body)
+
     def test_output_is_capped_keeping_head_and_tail(self, harness: BackendHarness) -> None:
         async def body() -> None:
             async with self.sandbox(harness) as sb:
