@@ -28,11 +28,11 @@ def dataset_rows() -> list[dict[str, object]]:
     return rows
 
 
-@pytest.fixture(scope="module", params=["builtin", "aiohttp", "sdk"])
+@pytest.fixture(scope="module", params=["aiohttp", "sdk"])
 def finished_run(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, OpenAITestServer, str]:
-    """One run per transport: the built-in HTTP client (default), a bare aiohttp session, the SDK."""
+    """One run per transport: aiohttp (the default) and the openai SDK's own path."""
     tmp = tmp_path_factory.mktemp(f"e2e-{request.param}")
     dataset = write_jsonl(tmp / "prompts.jsonl", dataset_rows())
     prefill = tmp / "prefill.json"

@@ -68,7 +68,7 @@ class ConnectionGuard:
                 if self.fatal is None and now - self.since >= self.bound:
                     self.fatal = ModelUnreachable(
                         f"cannot connect to {self.host}: {self.reason} (no answer for {now - self.since:.0f}s;"
-                        " stopping the run, continue it with --resume once the endpoint is back)"
+                        " continue with --resume once the endpoint is back)"
                     )
                 if self.fatal is not None:
                     raise self.fatal

@@ -187,7 +187,9 @@ class RequestLimiter:
 
     def _persisting(self) -> bool:
         """Most of the recent answers (and enough of them to tell) were 429s."""
-        return len(self.recent) >= min(8, self.window) and 2 * self.recent_429 > len(self.recent)
+        # Half a window at least: a fifth of 429s, as a busy shared endpoint sends, would make a
+        # majority of 8 answers one time in twenty; of 16, about one in four thousand.
+        return 2 * len(self.recent) >= self.window and 2 * self.recent_429 > len(self.recent)
 
     async def throttled(self, retry_after: float | None) -> None:
         """The endpoint answered 429. Only when 429s persist does the whole run slow down."""

@@ -38,11 +38,7 @@ CONNECT_TIMEOUT = 30.0
 def public(url: str) -> str:
     """``url`` without user, password, query or fragment: safe for logs and messages."""
     parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
 def host_of(url: str) -> str:
