@@ -26,6 +26,8 @@ from trajkit.sandbox import FileTooLarge, NotARegularFile, OutsideSandbox
 
 MAX_LINKS = 40
 """Symlinks followed while resolving one path, as the kernel's own bound."""
+MAX_STEPS = 4096
+"""Components opened while walking one path, links and retries included."""
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
@@ -112,9 +114,13 @@ class Beneath:
         links = 0
         pending = list(parts)
         done: list[str] = []
+        steps = 0
         fd = os.open(self.root, _DIR_FLAGS)
         try:
             while pending:
+                steps += 1
+                if steps > MAX_STEPS:  # a directory made and removed again under us, forever
+                    raise OSError(errno.EAGAIN, "the path keeps changing", path)
                 part = pending.pop(0)
                 try:
                     child = os.open(part, _DIR_FLAGS, dir_fd=fd)
