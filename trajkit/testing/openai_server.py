@@ -21,21 +21,37 @@ import dataclasses
 import gc
 import importlib
 import inspect
-import json
-import random
 import signal
 import sys
 import threading
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from types import TracebackType
 from typing import Any
 
-import orjson
 from aiohttp import web
 
+from trajkit.testing.openai_replies import (
+    DROPPED,
+    Body,
+    Fault,
+    FaultInjector,
+    Latency,
+    Policy,
+    RecordedRequest,
+    Reply,
+    completion_response,
+    dumps,
+    echo_policy,
+    error_response,
+    fault_every,
+    fault_fraction,
+    loads,
+    tool_script_policy,
+)
+
 __all__ = [
+    "Body",
     "Fault",
     "FaultInjector",
     "Latency",
@@ -49,185 +65,18 @@ __all__ = [
     "tool_script_policy",
 ]
 
-Body = dict[str, Any]
-Policy = Callable[[Body], Mapping[str, Any] | Awaitable[Mapping[str, Any]]]
-"""Gets the parsed request body, returns the assistant message (plus optional ``_`` control keys)."""
-Latency = float | Callable[[Body], float]
-"""Seconds to wait before answering, fixed or computed from the request body."""
-
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 MODELS_PATHS = frozenset({"/v1/models", "/models"})
 
 _BACKLOG = 4096
 _MAX_BODY = 256 << 20  # aiohttp.web's default (1 MiB) is shorter than a long agent conversation
 _SHUTDOWN_GRACE = 0.1  # seconds in-flight handlers get at stop: hung requests must not stall it
-_DROPPED = 0  # RecordedRequest.status of a request whose connection was dropped unanswered
 
 
-@dataclasses.dataclass(frozen=True)
-class Fault:
-    """A failure to inject instead of the normal answer.
-
-    ``hang`` delays first (to exceed client timeouts). Then: ``close`` or ``status == 0`` drops
-    the connection without an answer; a ``status`` >= 400 answers an OpenAI-style error with
-    ``message`` and ``headers`` (e.g. ``Retry-After``); any other status answers normally, late.
-    """
-
-    status: int = 500
-    headers: dict[str, str] = dataclasses.field(default_factory=dict)
-    message: str = "injected fault"
-    hang: float = 0.0
-    close: bool = False
-
-
-FaultInjector = Callable[[int, Body], Fault | None]
-"""Gets the request number (from 0, arrival order) and body; returns the fault to inject, if any."""
-
-
-@dataclasses.dataclass(slots=True)
-class RecordedRequest:
-    """One completion request as the server saw it; times are ``time.monotonic()`` seconds.
-
-    ``headers`` are the request headers (lower-case names). ``status`` and ``time_answered`` are
-    None while the request is in flight; ``status`` is 0 if the connection was dropped unanswered.
-    """
-
-    number: int
-    time_received: float
-    time_answered: float | None
-    body: Body
-    status: int | None
-    headers: dict[str, str]
-
-
-def fault_every(n: int, fault: Fault) -> FaultInjector:
-    """Inject ``fault`` into every ``n``-th request (numbers n-1, 2n-1, ...), for exact retry counts."""
-    if n < 1:
-        raise ValueError("n must be >= 1")
-
-    def inject(number: int, body: Body) -> Fault | None:
-        return fault if (number + 1) % n == 0 else None
-
-    return inject
-
-
-def fault_fraction(fraction: float, fault: Fault, seed: int = 0) -> FaultInjector:
-    """Inject ``fault`` into about ``fraction`` of requests, chosen by request number so runs repeat."""
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError("fraction must be between 0 and 1")
-
-    def inject(number: int, body: Body) -> Fault | None:
-        return fault if random.Random(seed * 1_000_003 + number).random() < fraction else None
-
-    return inject
-
-
-def echo_policy(body: Body) -> dict[str, Any]:
-    """Answer every request with the text "ok": the cheapest possible model, for load tests."""
-    return {"content": "ok"}
-
-
-def tool_script_policy(
-    calls: int = 3,
-    tool: str = "terminal",
-    arguments: str | Mapping[str, Any] = '{"command": "true"}',
-    final: str = "done",
-) -> Policy:
-    """Build a policy that asks for ``calls`` tool calls, one per turn, then answers ``final``.
-
-    The turn is found by counting the assistant messages already in the request, so the policy
-    is stateless and any number of conversations can run through one server at once.
-    """
-    encoded = arguments if isinstance(arguments, str) else json.dumps(arguments)
-
-    def policy(body: Body) -> dict[str, Any]:
-        turn = sum(
-            1 for m in body.get("messages") or () if isinstance(m, dict) and m.get("role") == "assistant"
-        )
-        if turn >= calls:
-            return {"content": final}
-        call = {
-            "id": f"call_{turn}_{uuid.uuid4().hex[:12]}",
-            "type": "function",
-            "function": {"name": tool, "arguments": encoded},
-        }
-        return {"content": None, "tool_calls": [call]}
-
-    return policy
-
-
-def _dumps(value: object) -> bytes:
-    """orjson (a trajkit dependency): response encoding dominates the server's CPU under load."""
-    return orjson.dumps(value)
-
-
-def _loads(data: bytes) -> Any:
-    """Parse JSON; every failure is a ValueError (orjson's error is one) so callers answer 400."""
-    return orjson.loads(data)
-
-
-@dataclasses.dataclass(slots=True)
-class _Response:
-    status: int
-    body: bytes
-    headers: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    def web(self) -> web.Response:
-        return web.Response(
-            status=self.status, body=self.body, headers=self.headers, content_type="application/json"
-        )
-
-
-def _error_response(
-    status: int,
-    message: str,
-    *,
-    code: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> _Response:
-    """Build the ``{"error": {...}}`` body the OpenAI SDK turns into typed exceptions."""
-    error = {"message": message, "type": _error_type(status), "param": None, "code": code}
-    return _Response(status, _dumps({"error": error}), dict(headers or {}))
-
-
-def _error_type(status: int) -> str:
-    """The ``type`` the real API uses for a status class."""
-    if status >= 500:
-        return "server_error"
-    return "requests" if status == 429 else "invalid_request_error"
-
-
-def _estimate_usage(request_size: int, message: Mapping[str, Any]) -> dict[str, int]:
-    """Rough token counts (4 bytes a token) so clients that track usage see plausible numbers."""
-    prompt = max(1, request_size // 4)
-    completion = max(1, len(_dumps({k: v for k, v in message.items() if k != "role"})) // 4)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _completion_response(reply: Mapping[str, Any], body: Body, request_size: int) -> _Response:
-    """Wrap a policy's assistant message into a ``chat.completion``, or the error it asks for."""
-    headers = {str(k): str(v) for k, v in (reply.get("_headers") or {}).items()}
-    status = int(reply.get("_status") or 200)
-    error = reply.get("_error")
-    if error is not None or status >= 400:
-        status = status if status >= 400 else 500
-        response = _error_response(status, str(error or f"policy answered {status}"), headers=headers)
-        if isinstance(error, Mapping):  # a full error object: keep the default fields it leaves out
-            default = {"message": "policy error", "type": _error_type(status), "param": None, "code": None}
-            response.body = _dumps({"error": {**default, **error}})
-        return response
-    message: dict[str, Any] = {"role": "assistant", "content": None}
-    message.update((k, v) for k, v in reply.items() if not k.startswith("_"))
-    finish_reason = reply.get("_finish_reason") or ("tool_calls" if message.get("tool_calls") else "stop")
-    payload = {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": body.get("model", "unknown"),
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
-        "usage": reply.get("_usage") or _estimate_usage(request_size, message),
-    }
-    return _Response(status, _dumps(payload), headers)
+def _web(reply: Reply) -> web.Response:
+    return web.Response(
+        status=reply.status, body=reply.body, headers=reply.headers, content_type="application/json"
+    )
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -463,38 +312,38 @@ class OpenAITestServer:
     # -- HTTP ------------------------------------------------------------------------------
 
     async def _handle_unknown(self, request: web.Request) -> web.Response:
-        return _error_response(404, f"Invalid URL ({request.method} {request.path})").web()
+        return _web(error_response(404, f"Invalid URL ({request.method} {request.path})"))
 
     async def _handle_models(self, request: web.Request) -> web.Response:
         if self._models is None:
             return await self._handle_unknown(request)
         rejection = self._check_auth(request.headers)
         if rejection is not None:
-            return rejection.web()
+            return _web(rejection)
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "trajkit"}
             for name in sorted(self._models)
         ]
-        return _Response(200, _dumps({"object": "list", "data": data})).web()
+        return _web(Reply(200, dumps({"object": "list", "data": data})))
 
-    def _check_auth(self, headers: Mapping[str, str]) -> _Response | None:
+    def _check_auth(self, headers: Mapping[str, str]) -> Reply | None:
         if self._api_key is None:
             return None
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and token.strip() == self._api_key:
             return None
-        return _error_response(401, "Incorrect API key provided.", code="invalid_api_key")
+        return error_response(401, "Incorrect API key provided.", code="invalid_api_key")
 
     async def _handle_completion(self, request: web.Request) -> web.Response:
         raw = await request.read()
         try:
-            body = _loads(raw)
+            body = loads(raw)
         except ValueError:
-            return _error_response(400, "We could not parse the JSON body of your request.").web()
+            return _web(error_response(400, "We could not parse the JSON body of your request."))
         if not isinstance(body, dict):
-            return _error_response(400, "The request body must be a JSON object.").web()
+            return _web(error_response(400, "The request body must be a JSON object."))
         record = self._begin(body, {name.lower(): value for name, value in request.headers.items()})
-        status = _DROPPED
+        status = DROPPED
         try:
             response = await self._complete(record.number, body, request.headers, len(raw))
             if response is not None:
@@ -506,11 +355,9 @@ class OpenAITestServer:
             if request.transport is not None:
                 request.transport.abort()
             return web.Response()
-        return response.web()
+        return _web(response)
 
-    async def _complete(
-        self, number: int, body: Body, headers: Mapping[str, str], size: int
-    ) -> _Response | None:
+    async def _complete(self, number: int, body: Body, headers: Mapping[str, str], size: int) -> Reply | None:
         """The answer to one completion request; None means drop the connection without one."""
         rejection = self._reject(body, headers)
         if rejection is not None:
@@ -523,7 +370,7 @@ class OpenAITestServer:
             if fault.close or fault.status == 0:
                 return None
             if fault.status >= 400:
-                return _error_response(fault.status, fault.message, headers=fault.headers)
+                return error_response(fault.status, fault.message, headers=fault.headers)
             extra_headers = dict(fault.headers)
         delay = self._latency(body) if callable(self._latency) else self._latency
         if delay > 0:
@@ -532,27 +379,27 @@ class OpenAITestServer:
         response.headers = {**extra_headers, **response.headers}
         return response
 
-    def _reject(self, body: Body, headers: Mapping[str, str]) -> _Response | None:
+    def _reject(self, body: Body, headers: Mapping[str, str]) -> Reply | None:
         """The checks the real API makes before generating: key, model, then what we cannot do."""
         unauthorized = self._check_auth(headers)
         if unauthorized is not None:
             return unauthorized
         model = body.get("model")
         if self._models is not None and model not in self._models:
-            return _error_response(404, f"The model `{model}` does not exist", code="model_not_found")
+            return error_response(404, f"The model `{model}` does not exist", code="model_not_found")
         if body.get("stream"):
-            return _error_response(400, "Streaming is not supported by this test server.", code="unsupported")
+            return error_response(400, "Streaming is not supported by this test server.", code="unsupported")
         return None
 
-    async def _run_policy(self, body: Body, request_size: int) -> _Response:
+    async def _run_policy(self, body: Body, request_size: int) -> Reply:
         try:
             outcome = self._policy(body)
             reply: object = await outcome if inspect.isawaitable(outcome) else outcome
         except Exception as exc:  # a broken policy is a server error, not a dead connection
-            return _error_response(500, f"policy raised {type(exc).__name__}: {exc}")
+            return error_response(500, f"policy raised {type(exc).__name__}: {exc}")
         if not isinstance(reply, Mapping):
-            return _error_response(500, f"policy returned {type(reply).__name__}, expected a dict")
-        return _completion_response(reply, body, request_size)
+            return error_response(500, f"policy returned {type(reply).__name__}, expected a dict")
+        return completion_response(reply, body, request_size)
 
 
 # -- command line ----------------------------------------------------------------------------
