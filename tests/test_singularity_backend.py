@@ -420,6 +420,102 @@ def test_files_outside_the_working_directory_and_through_symlinks(apptainer: Non
 
 
 @pytest.mark.engine("apptainer")
+def test_daemons_that_clear_their_environment_die_with_their_exec(apptainer: None, cache_dir: Path) -> None:
+    async def body() -> None:
+        backend = make_backend(cache_dir)
+        sb = await backend.create(spec())
+        try:
+            concurrent = asyncio.ensure_future(sb.exec("sleep 3; echo slow done", timeout=60))
+            await asyncio.sleep(1)
+            result = await sb.exec("env -i setsid sleep 88881 & echo started", timeout=60)
+            assert (result.stdout, result.timed_out) == ("started\n", False)
+            assert await survivors(sb, "8888") == []
+            assert (await concurrent).stdout == "slow done\n", "an exec's sweep killed a concurrent exec"
+        finally:
+            await sb.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.engine("apptainer")
+def test_process_limit_reaches_the_instance(apptainer: None, cache_dir: Path) -> None:
+    async def body() -> None:
+        backend = make_backend(cache_dir, pids_limit="40")
+        sb = await backend.create(spec())
+        try:
+            bomb = await sb.exec("i=0; while [ $i -lt 80 ]; do sleep 1000 & i=$((i+1)); done", timeout=60)
+            assert "Resource temporarily unavailable" in bomb.stderr, bomb
+            assert (await sb.exec("echo still usable", timeout=30)).stdout == "still usable\n"
+        finally:
+            await sb.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.engine("apptainer")
+def test_limits_are_dropped_with_a_warning_only_where_the_engine_cannot_apply_them(
+    apptainer: None, cache_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An engine without usable cgroups: default limits give way (loudly), explicit ones fail."""
+    without_cgroups = tmp_path / "apptainer-without-cgroups"
+    without_cgroups.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do [ "$a" = --pids-limit ] && '
+        '{ echo "FATAL: while applying cgroups config: cannot use cgroups" >&2; exit 255; }; done\n'
+        f'exec {_binary()} "$@"\n'
+    )
+    without_cgroups.chmod(0o755)
+
+    async def body() -> None:
+        backend = make_backend(cache_dir, binary=str(without_cgroups))
+        sb = await backend.create(spec())
+        try:
+            assert (await sb.exec("echo runs", timeout=30)).stdout == "runs\n"
+        finally:
+            await sb.close()
+        assert "cannot enforce memory and process limits" in caplog.text
+        strict = make_backend(cache_dir, binary=str(without_cgroups), pids_limit="100")
+        with pytest.raises(SandboxError, match="cgroups"):
+            await strict.create(spec())
+
+    asyncio.run(body())
+
+
+def test_host_side_file_operations_refuse_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    from trajkit_singularity.files import LeavesScratch, read_beneath, write_beneath
+
+    from trajkit.sandbox import FileTooLarge, NotARegularFile
+
+    work = tmp_path / "work"
+    work.mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"host")
+    os.mkfifo(work / "fifo")
+    os.symlink(outside, work / "link")
+    os.symlink(tmp_path, work / "dirlink")
+    with open(work / "sparse", "wb") as handle:
+        handle.write(b"HEAD")
+        handle.truncate(1 << 40)
+    with pytest.raises(NotARegularFile):
+        read_beneath(work, ["fifo"], "fifo", 1024)
+    with pytest.raises(NotARegularFile):
+        write_beneath(work, ["fifo"], "fifo", b"x")
+    for crossing in (["link"], ["dirlink", "outside.txt"]):
+        with pytest.raises(LeavesScratch):
+            read_beneath(work, crossing, "/".join(crossing), 1024)
+        with pytest.raises(LeavesScratch):
+            write_beneath(work, crossing, "/".join(crossing), b"pwned")
+    assert outside.read_bytes() == b"host"
+    with pytest.raises(FileTooLarge) as caught:
+        read_beneath(work, ["sparse"], "sparse", 4096)
+    assert (caught.value.size, caught.value.head[:4], len(caught.value.tail)) == (1 << 40, b"HEAD", 2048)
+    write_beneath(work, ["new", "file.txt"], "new/file.txt", b"data")
+    assert read_beneath(work, ["new", "file.txt"], "new/file.txt", 4) == b"data"
+    with pytest.raises(FileTooLarge):
+        read_beneath(work, ["new", "file.txt"], "new/file.txt", 3)
+
+
+@pytest.mark.engine("apptainer")
 def test_cancelled_exec_kills_its_processes(apptainer: None, cache_dir: Path) -> None:
     async def body() -> None:
         backend = make_backend(cache_dir)
@@ -492,9 +588,14 @@ def test_options_are_checked(tmp_path: Path) -> None:
         tmp_path / "sandboxes",
         "none",
     )
+    assert (parsed.memory, parsed.pids_limit, parsed.limits_required) == (4 * 1024**3, 1024, False)
+    limits = SingularityOptions.parse({"memory": "512m", "pids_limit": "none"}, environ={})
+    assert (limits.memory, limits.pids_limit, limits.limits_required) == (512 * 1024**2, None, True)
     from_env = SingularityOptions.parse({}, environ={"TRAJKIT_SIF_CACHE": str(tmp_path / "env")})
     assert from_env.cache_dir == tmp_path / "env"
     bad_options: list[dict[str, object]] = [
+        {"memory": "lots"},
+        {"pids_limit": "0"},
         {"cache_dri": "/x"},
         {"build_timeout": "soon"},
         {"start_timeout": "-1"},

@@ -87,6 +87,7 @@ install_host_packages() {
 # debootstrap + sid's apptainer into $ROOTFS.partial, then one rename: $ROOTFS exists only complete.
 bootstrap_rootfs() {
     if [[ -f $ROOTFS/.trajkit-ready ]]; then
+        configure_apptainer "$ROOTFS"
         log "rootfs ready at $ROOTFS"
         return
     fi
@@ -129,13 +130,20 @@ EOF
 }
 
 # Root here lacks CAP_SYS_RESOURCE, so Apptainer's default (grant root every capability) fails.
+# No systemd runs here, so resource limits (--memory, --pids-limit) go through cgroupfs directly.
 configure_apptainer() {
-    local conf=$1/etc/apptainer/apptainer.conf
+    set_conf "$1" "root default capabilities" file
+    set_conf "$1" "systemd cgroups" no
+}
+
+# Set KEY = VALUE in the rootfs's apptainer.conf, replacing the key's line or adding one.
+set_conf() {
+    local conf=$1/etc/apptainer/apptainer.conf key=$2 value=$3
     [[ -f $conf ]] || die "apptainer.conf missing in the rootfs: did the apptainer package install?"
-    if grep -qE '^[[:space:]]*root default capabilities' "$conf"; then
-        sed -i -E 's/^[[:space:]]*root default capabilities.*/root default capabilities = file/' "$conf"
+    if grep -qE "^[[:space:]]*$key[[:space:]]*=" "$conf"; then
+        sed -i -E "s/^[[:space:]]*$key[[:space:]]*=.*/$key = $value/" "$conf"
     else
-        printf 'root default capabilities = file\n' >>"$conf"
+        printf '%s = %s\n' "$key" "$value" >>"$conf"
     fi
 }
 

@@ -1,8 +1,11 @@
 """The Apptainer/Singularity sandbox backend: one isolated instance per prompt.
 
-Each sandbox is ``apptainer instance start --containall --no-home --net --network none --overlay DIR``
-of the prompt's image (or ``--writable-tmpfs`` instead of the overlay), with a fresh host directory
-bound as its working directory.
+Each sandbox is ``apptainer instance start --containall --no-home --net --network none --overlay DIR
+--memory BYTES --pids-limit N`` of the prompt's image (or ``--writable-tmpfs`` instead of the
+overlay), with a fresh host directory bound as its working directory. ``--containall`` gives it its
+own PID namespace and a clean environment (nothing of the runner's). The limits need cgroups the
+engine can use; where it cannot, the run says so once and goes on without them, unless the user asked
+for limits explicitly.
 The instance is stopped when the prompt ends; a detached watchdog stops it when its lifetime is over
 even if trajkit died; and the reaper at the next start removes whatever a crash left behind.
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import posixpath
 import re
@@ -38,7 +42,7 @@ from trajkit.sandbox import (
     SandboxSpec,
 )
 from trajkit_singularity import images, scripts
-from trajkit_singularity.engine import Apptainer, CliTimeout, client_environment
+from trajkit_singularity.engine import Apptainer, CliResult, CliTimeout, client_environment
 from trajkit_singularity.instances import (
     PREFIX,
     InstanceState,
@@ -50,6 +54,7 @@ from trajkit_singularity.instances import (
 from trajkit_singularity.options import SingularityOptions
 from trajkit_singularity.sandbox import SingularitySandbox, remove_tree
 
+log = logging.getLogger(__name__)
 INSPECT_TIMEOUT = 60.0
 MAX_CONCURRENT_STARTS = 8
 """Instance starts at once: each mounts an image and forks a starter; a burst of hundreds thrashes."""
@@ -79,6 +84,8 @@ class SingularityBackend(SandboxBackend):
         self._image_locks: dict[str, asyncio.Lock] = {}
         self._start_slots: asyncio.Semaphore | None = None
         self._programs: Path | None = None
+        self._limits_usable = True
+        """False once an instance start showed that the engine cannot apply cgroup limits here."""
 
     @property
     def engine(self) -> Apptainer:
@@ -263,12 +270,36 @@ class SingularityBackend(SandboxBackend):
             "instance", "start", "--containall", "--no-home", *network, *writable,
             "--bind", f"{directory / 'work'}:{cwd}", "--bind", f"{programs}:{scripts.MOUNT}:ro", str(image), name,
         ]  # fmt: skip
-        try:
-            result = await self._engine_for(image).run(*args, timeout=self.settings.start_timeout)
-        except CliTimeout as error:
-            raise SandboxError(f"instance {name}: {error}") from error
+        limits = self._limit_options()
+        result = await self._run_start(name, [*args[:2], *limits, *args[2:]], image)
+        if not result.ok and limits and _cgroups_unusable(result) and not settings.limits_required:
+            log.warning(
+                "apptainer cannot enforce memory and process limits here (%s); sandboxes run without "
+                "them. Give Apptainer usable cgroups (root with cgroupfs, or cgroups v2 delegated "
+                "through systemd) to have them, or set singularity.memory=none and "
+                "singularity.pids_limit=none to silence this.",
+                result.reason(),
+            )
+            self._limits_usable = False
+            result = await self._run_start(name, args, image)
         if not result.ok:
             raise SandboxError(f"cannot start an instance of {image}: {result.reason()}")
+
+    def _limit_options(self) -> list[str]:
+        """``--memory`` and ``--pids-limit`` as configured, unless the engine showed it cannot."""
+        if not self._limits_usable:
+            return []
+        memory, pids = self.settings.memory, self.settings.pids_limit
+        return [
+            *(["--memory", str(memory)] if memory is not None else []),
+            *(["--pids-limit", str(pids)] if pids is not None else []),
+        ]
+
+    async def _run_start(self, name: str, args: list[str], image: Path) -> CliResult:
+        try:
+            return await self._engine_for(image).run(*args, timeout=self.settings.start_timeout)
+        except CliTimeout as error:
+            raise SandboxError(f"instance {name}: {error}") from error
 
     async def _discard(
         self,
@@ -285,6 +316,11 @@ class SingularityBackend(SandboxBackend):
             if started or state.name in await engine.instances():
                 await engine.stop(state.name)
         await asyncio.to_thread(remove_tree, directory)
+
+
+def _cgroups_unusable(result: CliResult) -> bool:
+    """Whether an instance start failed because the engine could not set up cgroups for its limits."""
+    return "cgroup" in result.stderr.decode("utf-8", "replace").lower()
 
 
 def _container_cwd(cwd: str | None) -> str:

@@ -25,9 +25,16 @@ KNOWN = (
     "writable",
     "build_timeout",
     "start_timeout",
+    "memory",
+    "pids_limit",
 )
 WRITABLE = ("overlay", "tmpfs")
 _NETWORK = re.compile(r"^[A-Za-z0-9_.-]+$")
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmg]?)b?\s*$", re.IGNORECASE)
+_MEMORY_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+DEFAULT_MEMORY = 4 * 1024**3
+DEFAULT_PIDS_LIMIT = 1024
+OFF = "none"
 # Apptainer's --bind splits on ',' and ':'; a path holding either cannot be bound safely.
 _BIND_UNSAFE = re.compile(r"[,:]")
 
@@ -51,6 +58,13 @@ class SingularityOptions:
     """Seconds one conversion of a remote reference to a SIF may take."""
     start_timeout: float = 120.0
     """Seconds one ``instance start`` may take."""
+    memory: int | None = DEFAULT_MEMORY
+    """Bytes an instance may use (its cgroup's limit); None for no limit."""
+    pids_limit: int | None = DEFAULT_PIDS_LIMIT
+    """Processes an instance may hold at once; None for no limit."""
+    limits_required: bool = False
+    """True when the user set ``memory`` or ``pids_limit``: then an engine that cannot enforce them
+    (no usable cgroups) fails the sandbox instead of running it without them."""
 
     @classmethod
     def parse(
@@ -78,6 +92,9 @@ class SingularityOptions:
             writable=writable,
             build_timeout=positive_option(values, "singularity.build_timeout", float) or cls.build_timeout,
             start_timeout=positive_option(values, "singularity.start_timeout", float) or cls.start_timeout,
+            memory=_memory(values.get("memory", str(DEFAULT_MEMORY))),
+            pids_limit=_pids_limit(values),
+            limits_required="memory" in values or "pids_limit" in values,
         )
 
     def resolve_binary(self) -> str:
@@ -92,6 +109,21 @@ class SingularityOptions:
             "install Apptainer (on Debian 12: scripts/engines/apptainer.sh start) or set "
             "--sandbox_option singularity.binary=PATH"
         )
+
+
+def _memory(value: str) -> int | None:
+    if value.lower() == OFF:
+        return None
+    match = _MEMORY.match(value)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"singularity.memory={value!r}: expected a size such as 512m or 2g, or none")
+    return int(float(match.group(1)) * _MEMORY_UNITS[match.group(2).lower()])
+
+
+def _pids_limit(values: Mapping[str, str]) -> int | None:
+    if values.get("pids_limit", "").lower() == OFF:
+        return None
+    return positive_option(values, "singularity.pids_limit", int) or DEFAULT_PIDS_LIMIT
 
 
 def _path(value: str) -> Path:

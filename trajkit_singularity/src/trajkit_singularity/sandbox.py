@@ -4,8 +4,9 @@ The working directory inside the instance is a directory of the host bound into 
 are read and written on the host directly, with no command line involved. Symlinks made inside the
 sandbox must not lead such host access outside that directory: the path is walked one component at a
 time with ``O_NOFOLLOW``, and a symlink anywhere hands the operation to the container, which resolves
-it in its own file system. Paths elsewhere in the container go through ``cat`` run inside it, the path
-passed as an argv element.
+it in its own file system (see :mod:`trajkit_singularity.files`). Paths elsewhere in the container go
+through small reader and writer programs run inside it, the path passed as an argv element; a read
+streams into a buffer of the read's limit, so no file makes the runner hold more.
 """
 
 from __future__ import annotations
@@ -18,21 +19,24 @@ import posixpath
 import re
 import secrets
 import shutil
-import stat
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from trajkit.sandbox import (
     DEFAULT_OUTPUT_CAP,
+    DEFAULT_READ_LIMIT,
     CappedBuffer,
     ExecResult,
+    FileTooLarge,
+    NotARegularFile,
     Sandbox,
     SandboxError,
     SandboxInfo,
 )
 from trajkit_singularity import scripts
 from trajkit_singularity.engine import Apptainer, kill_tree, spawn
+from trajkit_singularity.files import LeavesScratch, read_beneath, write_beneath
 from trajkit_singularity.instances import InstanceState, stop_watchdog
 
 TIMEOUT_EXIT_CODE = 124
@@ -43,10 +47,6 @@ DRAIN_TIMEOUT = 10.0
 FILE_TIMEOUT = 300.0
 """Seconds for a file transfer through the container."""
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class _LeavesScratch(Exception):
-    """The path crosses a symlink, so only the container can resolve it."""
 
 
 class SingularitySandbox(Sandbox):
@@ -136,31 +136,55 @@ class SingularitySandbox(Sandbox):
             truncated=stdout.truncated or stderr.truncated,
         )
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, limit: int = DEFAULT_READ_LIMIT) -> bytes:
         self._check_open()
         inside = self._resolve(path)
         relative = self._relative_to_work(inside)
         if relative is not None:
-            with contextlib.suppress(_LeavesScratch):
-                return await asyncio.to_thread(_read_beneath, self.work, relative, inside)
-        result = await self.engine.run(
-            *self._exec_prefix(), *scripts.program("read"), inside, timeout=FILE_TIMEOUT
-        )
-        _raise_for_file_status(result.returncode, inside, result.reason())
-        return result.stdout
+            with contextlib.suppress(LeavesScratch):
+                return await asyncio.to_thread(read_beneath, self.work, relative, inside, limit)
+        return await self._read_in_container(inside, limit)
 
     async def write_file(self, path: str, data: bytes) -> None:
         self._check_open()
         inside = self._resolve(path)
         relative = self._relative_to_work(inside)
         if relative is not None:
-            with contextlib.suppress(_LeavesScratch):
-                await asyncio.to_thread(_write_beneath, self.work, relative, inside, data)
+            with contextlib.suppress(LeavesScratch):
+                await asyncio.to_thread(write_beneath, self.work, relative, inside, data)
                 return
         result = await self.engine.run(
             *self._exec_prefix(), *scripts.program("write"), inside, timeout=FILE_TIMEOUT, input=data
         )
         _raise_for_file_status(result.returncode, inside, result.reason())
+
+    async def _read_in_container(self, inside: str, limit: int) -> bytes:
+        """Read through the reader program: it checks the file, prints its size, then its content
+        (the head and tail only when larger than ``limit``), which streams into a capped buffer."""
+        process = await spawn(
+            [self.engine.binary, *self._exec_prefix(), *scripts.program("read"), inside, str(limit)],
+            env=self.engine.env,
+        )
+        assert process.stdout is not None and process.stderr is not None
+        content, errors = CappedBuffer(limit), CappedBuffer(4096)
+        try:
+            size_line, _, returncode = await asyncio.wait_for(
+                asyncio.gather(
+                    _size_then_content(process.stdout, content), _pump(process.stderr, errors), process.wait()
+                ),
+                FILE_TIMEOUT,
+            )
+        except BaseException:
+            await asyncio.shield(kill_tree(process))
+            raise
+        _raise_for_file_status(returncode, inside, errors.text().strip())
+        size = int(size_line) if size_line.isdigit() else content.total
+        data = bytes(content.head + content.tail)
+        if size <= limit and not content.truncated:
+            return data
+        if content.truncated:  # the file grew past the limit between the size and the read
+            raise FileTooLarge(inside, max(size, content.total), bytes(content.head), bytes(content.tail))
+        raise FileTooLarge(inside, size, data[: limit // 2], data[limit // 2 :])
 
     async def close(self) -> None:
         if self._closed:
@@ -226,91 +250,24 @@ def _checked_env(env: Mapping[str, str]) -> dict[str, str]:
     return {key: str(value) for key, value in env.items()}
 
 
+async def _size_then_content(stream: asyncio.StreamReader, buffer: CappedBuffer) -> str:
+    """The reader's first line (the file's size), then the rest into ``buffer``."""
+    line = await stream.readline()
+    await _pump(stream, buffer)
+    return line.decode("ascii", "replace").strip()
+
+
 def _raise_for_file_status(returncode: int, path: str, reason: str) -> None:
+    if returncode == scripts.READER_NOT_REGULAR:
+        raise NotARegularFile(
+            errno.EINVAL, "not a regular file in the sandbox (device, FIFO or socket)", path
+        )
     if returncode == scripts.READER_MISSING:
         raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox", path)
     if returncode == scripts.READER_IS_DIRECTORY:
         raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", path)
     if returncode != 0:
         raise OSError(errno.EIO, f"cannot access the file in the sandbox: {reason}", path)
-
-
-def _open_parent(root: Path, parts: list[str], *, create: bool) -> int:
-    """A directory fd for ``parts[:-1]`` below ``root``, following no symlink on the way."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for part in parts[:-1]:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=fd)
-            try:
-                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError as error:
-                if error.errno in (errno.ELOOP, errno.ENOTDIR) and _is_symlink(part, fd):
-                    raise _LeavesScratch from None
-                raise
-            os.close(fd)
-            fd = child
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _is_symlink(name: str, dir_fd: int) -> bool:
-    try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
-
-
-def _read_beneath(root: Path, parts: list[str], shown: str) -> bytes:
-    if not parts:
-        raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", shown)
-    try:
-        parent = _open_parent(root, parts, create=False)
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox", shown) from None
-    try:
-        try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
-        except OSError as error:
-            if error.errno == errno.ELOOP:
-                raise _LeavesScratch from None
-            if error.errno in (errno.ENOENT, errno.ENOTDIR):
-                raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox", shown) from None
-            raise
-    finally:
-        os.close(parent)
-    if stat.S_ISDIR(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", shown)
-    with os.fdopen(fd, "rb") as stream:
-        return stream.read()
-
-
-def _write_beneath(root: Path, parts: list[str], shown: str, data: bytes) -> None:
-    if not parts:
-        raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", shown)
-    parent = _open_parent(root, parts, create=True)
-    try:
-        try:
-            fd = os.open(
-                parts[-1],
-                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o644,
-                dir_fd=parent,
-            )
-        except OSError as error:
-            if error.errno == errno.ELOOP:
-                raise _LeavesScratch from None
-            if error.errno == errno.EISDIR:
-                raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", shown) from None
-            raise
-    finally:
-        os.close(parent)
-    with os.fdopen(fd, "wb") as stream:
-        stream.write(data)
 
 
 def remove_tree(path: Path) -> None:

@@ -10,7 +10,9 @@ How an exec's processes are found again: the launcher starts with ``TRAJKIT_EXEC
 in its environment and runs the command under ``setsid``. Every descendant inherits the marker in its
 initial environment (``/proc/PID/environ``), and the command leads its own session. The sweep kills whatever
 carries the marker and whatever sits in a session one of them leads, so a child that clears its
-environment is still found, and so is one that starts its own session.
+environment is still found, and so is one that starts its own session; and it kills every orphan (a
+process descending from the instance's init rather than from an exec), so one that does both is
+found too. Instances therefore run no service of their own beside the execs.
 """
 
 from __future__ import annotations
@@ -22,24 +24,38 @@ from pathlib import Path
 MOUNT = "/.trajkit"
 MARKER_VARIABLE = "TRAJKIT_EXEC_ID"
 
-# sweep MARKER: SIGKILL every process of the exec tagged MARKER, and every process in a session one of
-# them leads, except the calling shell. Victims are stopped first and killed together, so none sees
-# another die (no shell reports "Killed"); repeated because a process may fork between listing and kill.
+# sweep MARKER: SIGKILL every process of the exec tagged MARKER, every process in a session one of
+# them leads, and every orphan, except the calling shell and the instance's init (PID 1). An orphan is
+# a process whose oldest ancestor in the instance is that init: a daemon that cleared its environment
+# (`env -i setsid daemon &`) is reparented there when its shell exits, whereas every exec has a parent
+# outside the instance's PID namespace (parent pid 0), so concurrent execs are left alone. Victims are
+# stopped first and killed together, so none sees another die (no shell reports "Killed"); repeated
+# because a process may fork between listing and kill.
 _SWEEP = r"""
+orphan() {
+    at=$1 top=
+    while [ -n "$at" ] && [ "$at" != 0 ]; do
+        read -r st 2>/dev/null <"/proc/$at/stat" || return 1
+        set -- ${st##*) }
+        top=$at at=$2
+    done
+    [ "$top" = 1 ]
+}
+
 sweep() {
     marker=$1 self=$$ round=0 sessions=" "
     while [ "$round" -lt 6 ]; do
         victims=
         for p in /proc/[0-9]*; do
             pid=${p#/proc/}
-            [ "$pid" = "$self" ] && continue
+            [ "$pid" = "$self" ] || [ "$pid" = 1 ] && continue
             read -r stat 2>/dev/null <"$p/stat" || continue
             set -- ${stat##*) }
             [ "$1" = Z ] && continue
             case $sessions in
             *" $4 "*) ;;
             *)
-                grep -q "TRAJKIT_EXEC_ID=$marker" "$p/environ" 2>/dev/null || continue
+                grep -q "TRAJKIT_EXEC_ID=$marker" "$p/environ" 2>/dev/null || orphan "$pid" || continue
                 [ "$4" = "$pid" ] && sessions="$sessions$pid "
                 ;;
             esac
@@ -88,20 +104,29 @@ KILLER = _SWEEP + '\nsweep "$1"\n'
 READER = r"""
 [ -d "$1" ] && exit 21
 [ -e "$1" ] || exit 2
-exec cat -- "$1"
+[ -f "$1" ] || exit 22
+size=$(stat -L -c %s -- "$1" 2>/dev/null) || size=$(wc -c <"$1") || exit 1
+echo "$size"
+if [ "$size" -le "$2" ]; then exec head -c "$(($2 + 1))" -- "$1"; fi
+head -c "$(($2 / 2))" -- "$1" && exec tail -c "$(($2 - $2 / 2))" -- "$1"
 """
-"""argv: PATH. Prints the file; exit 2 when missing, 21 when a directory."""
+"""argv: PATH LIMIT. Prints the regular file's size on a line, then the file, or only its first and
+last LIMIT/2 bytes when it is larger than LIMIT (at most LIMIT + 1 bytes even if it grows meanwhile).
+Exit 2 when missing, 21 when a directory, 22 when a device, FIFO or socket (which is never opened)."""
 
 WRITER = r"""
 dir=${1%/*}
 [ -n "$dir" ] && { mkdir -p -- "$dir" || exit 1; }
 [ -d "$1" ] && exit 21
+[ -e "$1" ] && [ ! -f "$1" ] && exit 22
 exec cat >"$1"
 """
-"""argv: PATH. Writes stdin to PATH, creating parent directories; exit 21 when PATH is a directory."""
+"""argv: PATH. Writes stdin to PATH, creating parent directories; exit 21 when PATH is a directory,
+22 when it is a device, FIFO or socket."""
 
 READER_MISSING = 2
 READER_IS_DIRECTORY = 21
+READER_NOT_REGULAR = 22
 
 WATCHDOG = 'sleep "$1"; "$2" instance stop --force "$3"; rm -rf -- "$4"'
 """Host side, argv: SECONDS BINARY INSTANCE DIRECTORY. Stops the instance and removes its directory
