@@ -130,8 +130,27 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
     return None
 
 
+def env_proxy(url: str) -> dict[str, Any]:
+    """``proxy``/``proxy_auth`` for requests to ``url``, from HTTP(S)_PROXY and NO_PROXY, read once.
+
+    aiohttp's own reading of the variables (and of a proxy's credentials), but done once per run:
+    a session with ``trust_env`` reads them, and looks the host up in ~/.netrc, on a worker thread
+    for every request (two thread hand-offs, a third of a model turn's CPU), and a netrc entry for
+    the endpoint's host would clash with the Authorization header on every request.
+    """
+    from aiohttp.helpers import get_env_proxy_for_url
+    from yarl import URL
+
+    try:
+        proxy, auth = get_env_proxy_for_url(URL(url))
+    except LookupError:
+        return {}
+    log.info("model requests to %s go through the proxy at %s", host_of(url), public(str(proxy)))
+    return {"proxy": proxy, "proxy_auth": auth}
+
+
 def client_session(api_key: str, *, connections: int, timeout: float) -> aiohttp.ClientSession:
-    """An aiohttp session for the endpoint: the key, proxies from the environment, no cookies."""
+    """An aiohttp session for the endpoint: the key, no cookies; proxies come from :func:`env_proxy`."""
     import aiohttp
 
     from trajkit.plugins.model_transport import IDLE_TIMEOUT
@@ -139,7 +158,7 @@ def client_session(api_key: str, *, connections: int, timeout: float) -> aiohttp
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=connections, keepalive_timeout=IDLE_TIMEOUT),
         cookie_jar=aiohttp.DummyCookieJar(),  # an API needs no cookies; the jar costs CPU per request
-        trust_env=True,  # HTTP(S)_PROXY and NO_PROXY
+        trust_env=False,
         timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, CONNECT_TIMEOUT)),
         headers={
             "Authorization": f"Bearer {api_key}",
@@ -152,8 +171,9 @@ def client_session(api_key: str, *, connections: int, timeout: float) -> aiohttp
 async def check_endpoint(base_url: str, api_key: str, model: str, *, timeout: float = CHECK_TIMEOUT) -> None:
     """One cheap request before the run; raises :class:`ModelEndpointError` or :class:`ModelNotFound`."""
     base = base_url.rstrip("/")
+    proxy = env_proxy(base)
     async with client_session(api_key, connections=2, timeout=timeout) as session:
-        status, headers, raw = await _get(session, f"{base}/models", timeout)
+        status, headers, raw = await _get(session, f"{base}/models", timeout, proxy)
         if status in (401, 403):
             raise _refused(status, raw)
         if 300 <= status < 400:
@@ -172,20 +192,20 @@ async def check_endpoint(base_url: str, api_key: str, model: str, *, timeout: fl
             _check_model(model, raw, headers, base)
         if (urlsplit(base).hostname or "").endswith("openrouter.ai"):
             # OpenRouter lists its models without a key: its key endpoint checks the key.
-            status, _, raw = await _get(session, f"{base}/key", timeout)
+            status, _, raw = await _get(session, f"{base}/key", timeout, proxy)
             if status in (401, 403):
                 raise _refused(status, raw)
 
 
 async def _get(
-    session: aiohttp.ClientSession, url: str, timeout: float
+    session: aiohttp.ClientSession, url: str, timeout: float, proxy: dict[str, Any]
 ) -> tuple[int, Mapping[str, str], bytes]:
     import aiohttp
 
     from trajkit.plugins.model_transport import read_limited
 
     try:
-        async with session.get(url, allow_redirects=False) as response:
+        async with session.get(url, allow_redirects=False, **proxy) as response:
             return response.status, response.headers, await read_limited(response, 16 << 20)
     except aiohttp.ClientConnectorError as exc:
         raise ModelEndpointError(connect_failure(url, exc)) from None

@@ -30,6 +30,7 @@ from trajkit.plugins.endpoint import (
     CONNECT_TIMEOUT,
     client_session,
     connect_failure,
+    env_proxy,
     redirect_error,
     retry_after,
 )
@@ -81,14 +82,18 @@ class AiohttpTransport(Transport):
     """aiohttp (``--transport aiohttp``, the default). The session is made on first use, in the run's loop."""
 
     session: aiohttp.ClientSession | None = None
+    proxy: Mapping[str, Any] = {}
 
     async def post(self, body: dict[str, Any]) -> bytes:
         import aiohttp
 
         if self.session is None:
+            self.proxy = env_proxy(self.url)
             self.session = client_session(self.api_key, connections=self.connections, timeout=self.timeout)
         try:
-            async with self.session.post(self.url, data=dumps_bytes(body), allow_redirects=False) as response:
+            async with self.session.post(
+                self.url, data=dumps_bytes(body), allow_redirects=False, **self.proxy
+            ) as response:
                 raw = await read_limited(response, self.max_answer)
                 if response.status >= 300:
                     raise status_error(response.status, error_text(raw), response.headers, self.url)
