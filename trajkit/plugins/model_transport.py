@@ -83,16 +83,20 @@ class AiohttpTransport(Transport):
 
     session: aiohttp.ClientSession | None = None
     proxy: Mapping[str, Any] = {}
+    _url: Any = None
 
     async def post(self, body: dict[str, Any]) -> bytes:
         import aiohttp
 
         if self.session is None:
+            from yarl import URL
+
             self.proxy = env_proxy(self.url)
             self.session = client_session(self.api_key, connections=self.connections, timeout=self.timeout)
+            self._url = URL(self.url)  # parsed once, not on every request
         try:
             async with self.session.post(
-                self.url, data=dumps_bytes(body), allow_redirects=False, **self.proxy
+                self._url, data=dumps_bytes(body), allow_redirects=False, **self.proxy
             ) as response:
                 raw = await read_limited(response, self.max_answer)
                 if response.status >= 300:
