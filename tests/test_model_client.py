@@ -263,3 +263,21 @@ def test_cost_counts_answers_of_sessions_that_fail_later(tmp_path: Path) -> None
     assert client["requests"] == 12 and client["sent"] == 18
     assert (client["prompt_tokens"], client["completion_tokens"]) == (1200, 240)
     assert client["cost"] == pytest.approx(3.0)
+
+
+def test_an_empty_answer_is_retried_and_still_paid_for(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def empty_first(body: dict[str, Any]) -> dict[str, Any]:
+        calls.append(1)
+        usage = {"prompt_tokens": 10, "completion_tokens": 0, "cost": 0.5}
+        return {"content": "", "_usage": usage} if len(calls) == 1 else dialect_policy(body)
+
+    dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "job"}])
+    with OpenAITestServer(empty_first) as server:
+        result = run_cli(dataset, tmp_path, server.base_url, "--distribution", "file_only")
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = json.loads((tmp_path / "r" / "statistics.json").read_text())["model_client"]
+    assert client["empty_response"] == 1 and client["retries"] == 1
+    assert client["requests"] == client["sent"] == len(calls)
+    assert client["cost"] == pytest.approx(0.5)

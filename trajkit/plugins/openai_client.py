@@ -260,7 +260,11 @@ class OpenAIClient(ModelClient):
             raise
         self.guard.answered()
         await self.limiter.release()
-        return self._read(raw, request.body)
+        try:
+            return self._read(raw, request.body)
+        except Retry as retry:
+            self.counts[retry.kind] += 1
+            raise
 
     async def _failed(self, retry: Retry) -> None:
         self.counts[retry.kind] += 1
@@ -271,7 +275,7 @@ class OpenAIClient(ModelClient):
         if retry.kind == "rate_limited":
             await self.limiter.throttled(retry.retry_after)
         elif retry.kind == "disconnected" and self.counts["disconnected"] == 1:
-            log.warning("%s (sent again; counted as 'disconnected' in the statistics)", retry)
+            log.warning("%s (retried; every such case is counted as 'disconnected')", retry)
         await self.limiter.release(success=False)
 
     def _next_wait(self, state: tenacity.RetryCallState) -> float:
