@@ -4,9 +4,10 @@ Built-in plugins (``trajkit/plugins/``) and third-party ones (entry-point group 
 same hooks. A plugin module implements any subset of them with ``@trajkit.hookimpl``; a hook name
 that is not listed here is an error when the plugin manager is built.
 
-Registration hooks (``trajkit_model_clients`` ... ``trajkit_writers``) are called once when the run
-builds its registry. Every implementation's result is collected; two plugins registering the same
-``name`` within one concern is an error that names both sources.
+Registration hooks (``trajkit_model_clients`` ... ``trajkit_writers``, ``trajkit_compressors``,
+``trajkit_token_counters``) are called once when the run or command builds its registry. Every
+implementation's result is collected; two plugins registering the same ``name`` within one concern
+is an error that names both sources.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pluggy
 if TYPE_CHECKING:
     import click
 
+    from trajkit.compress.base import Compressor, TokenCounter
     from trajkit.config import RunConfig
     from trajkit.distributions import Distribution
     from trajkit.filters import Record, TrajectoryFilter
@@ -97,6 +99,32 @@ def trajkit_writers() -> Sequence[type[OutputWriter]]:
 
     :return: :class:`trajkit.writers.OutputWriter` subclasses with unique names; ``--writer``
         selects them (``sharegpt`` by default).
+    """
+
+
+@hookspec
+def trajkit_compressors() -> Sequence[type[Compressor]]:
+    """Register trajectory compressors (strategies of ``trajkit compress``).
+
+    Called once, when a command first needs the registry (``trajkit compress``).
+
+    :return: :class:`trajkit.compress.base.Compressor` subclasses, each with a unique ``name`` and
+        its settings as a pydantic model in ``Settings``; ``--strategy`` selects one by name and
+        ``--option KEY=VALUE`` is validated against its ``Settings``. All implementations' results
+        are collected; two compressors of the same name are an error naming both plugins.
+    """
+
+
+@hookspec
+def trajkit_token_counters() -> Sequence[type[TokenCounter]]:
+    """Register token counters (how ``trajkit compress`` measures a trajectory against its budget).
+
+    Called once, when a command first needs the registry.
+
+    :return: :class:`trajkit.compress.base.TokenCounter` subclasses, each with a unique ``name``
+        and a pydantic ``Settings`` model; ``--tokenizer NAME`` selects one by name, and any other
+        value is passed as the ``source`` setting of the counter that sets ``accepts_source``.
+        All implementations' results are collected; duplicate names are an error naming both.
     """
 
 

@@ -22,6 +22,7 @@ from trajkit import hookspecs
 if TYPE_CHECKING:
     import click
 
+    from trajkit.compress.base import Compressor, TokenCounter
     from trajkit.distributions import Distribution
     from trajkit.filters import Record, TrajectoryFilter
     from trajkit.model import ModelClient
@@ -43,6 +44,8 @@ DEFAULT_PLUGINS = (
     "trajkit.plugins.writers",
     "trajkit.plugins.export",
     "trajkit.plugins.report",
+    "trajkit.plugins.compressors",
+    "trajkit.plugins.token_counters",
 )
 
 # Backends that live in their own packages, so an unknown name can say what to install.
@@ -111,6 +114,14 @@ class PluginHost:
     @cached_property
     def writers(self) -> dict[str, type[OutputWriter]]:
         return self._registry("trajkit_writers", "writer", lambda c: c.name)
+
+    @cached_property
+    def compressors(self) -> dict[str, type[Compressor]]:
+        return self._registry("trajkit_compressors", "compressor", lambda c: c.name)
+
+    @cached_property
+    def token_counters(self) -> dict[str, type[TokenCounter]]:
+        return self._registry("trajkit_token_counters", "token counter", lambda c: c.name)
 
     def backend(self, name: str) -> type[SandboxBackend]:
         """The backend class called ``name``, or an error that says what to install."""
@@ -190,6 +201,8 @@ _REGISTRATION_HOOKS = (
     "trajkit_distributions",
     "trajkit_filters",
     "trajkit_writers",
+    "trajkit_compressors",
+    "trajkit_token_counters",
 )
 
 

@@ -1,0 +1,235 @@
+"""The streaming, resumable compression of one JSONL file into another.
+
+Records are read one line at a time and written in input order, each as one ``write`` to an
+unbuffered file, so the output is on disk as it grows and memory holds at most ``concurrency``
+records. A resume counts the output's complete lines (a torn last line is cut off), skips that many
+input records and carries on: what is done is not redone, and with the summary cache nothing
+that was paid for is paid again. A record whose compression fails or times out is written
+unchanged with the error in its metadata: none is ever dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from trajkit.compress.base import Compressor, Outcome, TokenCounter
+from trajkit.compress.metrics import Metrics
+from trajkit.compress.turns import problems
+from trajkit.jsonutil import dumps_line, loads
+from trajkit.secrets import Scrubber
+
+log = logging.getLogger("trajkit")
+
+STATE_SUFFIX = ".compress.json"
+CACHE_SUFFIX = ".summaries.sqlite"
+METRICS_SUFFIX = ".metrics.json"
+LOCK_SUFFIX = ".lock"
+
+
+class CompressError(RuntimeError):
+    """The compression cannot start or go on as asked; the message says what to change."""
+
+
+def sidecar(output: Path, suffix: str) -> Path:
+    return output.with_name(output.name + suffix)
+
+
+@dataclass
+class Job:
+    source: Path
+    output: Path
+    compressor: Compressor
+    counter: TokenCounter
+    budget: int
+    concurrency: int = 16
+    record_timeout: float = 600.0
+    scrubber: Scrubber | None = None
+
+
+@dataclass
+class Source:
+    """Input records after the first ``skip`` ones, and how far through the file reading is."""
+
+    path: Path
+    skip: int
+    metrics: Metrics
+    position: int = 0
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        seen = 0
+        with self.path.open("rb") as lines:
+            for number, line in enumerate(lines, 1):
+                self.position += len(line)
+                if not line.strip():
+                    continue
+                record = _parse(line)
+                if record is None:
+                    # A line that is no record cannot be carried through; say where it is, go on.
+                    self.metrics.invalid_lines += 1
+                    log.warning("%s:%d: not a JSON object, skipped", self.path, number)
+                    continue
+                seen += 1
+                if seen > self.skip:
+                    yield record
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        value = loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and isinstance(value.get("conversations"), list) else None
+
+
+@contextlib.contextmanager
+def output_lock(output: Path) -> Iterator[None]:
+    """One invocation per output file: a second one would interleave its lines with the first's."""
+    path = sidecar(output, LOCK_SUFFIX)
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CompressError(f"{output} is being written by another trajkit compress") from None
+        yield
+
+
+def resume_point(output: Path) -> tuple[int, Metrics]:
+    """Complete records already in ``output`` and their metrics; a torn last line is cut off."""
+    metrics = Metrics()
+    if not output.exists():
+        return 0, metrics
+    with output.open("r+b") as handle:
+        good = 0
+        for line in handle:
+            if not line.endswith(b"\n"):
+                break
+            record = _parse(line)
+            if record is None:
+                break
+            metrics.add(record.get("compression") or {})
+            good += len(line)
+        if good < handle.seek(0, os.SEEK_END):
+            log.warning("%s: an unfinished last line (left by a killed run) is cut off", output)
+            handle.truncate(good)
+    return metrics.records, metrics
+
+
+class Compression:
+    """Runs one :class:`Job`; ``on_progress(bytes_read, metrics)`` is called after each record."""
+
+    def __init__(self, job: Job, on_progress: Callable[[int, Metrics], None] | None = None) -> None:
+        self.job = job
+        self.on_progress = on_progress or (lambda _position, _metrics: None)
+        self.meta_base = {
+            "strategy": job.compressor.name,
+            "max_tokens": job.budget,
+            "counter": job.counter.describe(),
+        }
+
+    async def run(self) -> Metrics:
+        done, metrics = resume_point(self.job.output)
+        if done:
+            log.info("%s: %d records already done, continuing after them", self.job.output, done)
+        source = Source(self.job.source, done, metrics)
+        with open(self.job.output, "ab", buffering=0) as out:
+            async for record in self._results(source):
+                _write(out, dumps_line(record))
+                metrics.add(record["compression"])
+                self.on_progress(source.position, metrics)
+        return metrics
+
+    async def _results(self, source: Source) -> AsyncIterator[dict[str, Any]]:
+        """Compressed records in input order, at most ``concurrency`` in flight."""
+        if not self.job.compressor.uses_model:
+            for record in source:  # nothing to wait for: no tasks, no reordering
+                yield await self.process(record)
+            return
+        window: deque[asyncio.Task[dict[str, Any]]] = deque()
+        try:
+            for record in source:
+                window.append(asyncio.create_task(self.process(record)))
+                while len(window) >= self.job.concurrency or (window and window[0].done()):
+                    yield await window.popleft()
+            while window:
+                yield await window.popleft()
+        finally:
+            for task in window:
+                task.cancel()
+
+    async def process(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record with its conversation compressed and its ``compression`` metadata set."""
+        turns = record["conversations"]
+        budget = self.job.budget
+        meta = {**self.meta_base, "tokens_before": 0, "tokens_after": 0, **_EMPTY}
+        try:
+            before = self.job.counter.count(turns)
+        except Exception as exc:  # a turn that is not a turn: keep the record, say why
+            return {**record, "compression": {**meta, "error": self._describe(exc)}}
+        meta["tokens_before"] = meta["tokens_after"] = before
+        if before <= budget:
+            return {**record, "compression": {**meta, "under_budget": True}}
+        try:
+            outcome = await asyncio.wait_for(
+                self.job.compressor.compress(turns, budget, before), self.job.record_timeout
+            )
+            found = problems(outcome.turns)
+            if found and not problems(turns):
+                raise CompressError(f"the result would not be a valid trajectory: {found[0]}")
+        except Exception as exc:
+            return {**record, "compression": {**meta, "error": self._describe(exc)}}
+        meta.update(_outcome_meta(outcome))
+        meta["under_budget"] = outcome.tokens <= budget
+        result = {**record, "conversations": outcome.turns, "compression": meta}
+        if self.job.scrubber is not None:
+            result = self.job.scrubber.scrub(result)
+        return result
+
+    def _describe(self, exc: Exception) -> str:
+        if isinstance(exc, TimeoutError):
+            text = f"timeout: not compressed within {self.job.record_timeout:g}s"
+        else:
+            text = f"{type(exc).__name__}: {exc}"
+        return self.job.scrubber.text(text) if self.job.scrubber is not None else text
+
+
+_EMPTY: dict[str, Any] = {
+    "under_budget": False,
+    "compressed": False,
+    "summaries": 0,
+    "masked": 0,
+    "requests": 0,
+    "cost": 0.0,
+    "summary_model": None,
+    "error": None,
+    "note": None,
+}
+"""Every key of the metadata in every record: Arrow sees one schema."""
+
+
+def _outcome_meta(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "tokens_after": outcome.tokens,
+        "compressed": outcome.summaries > 0 or outcome.masked > 0,
+        "summaries": outcome.summaries,
+        "masked": outcome.masked,
+        "requests": outcome.requests,
+        "cost": round(outcome.cost, 8),
+        "summary_model": outcome.summary_model,
+        "note": "; ".join(outcome.notes) or None,
+    }
+
+
+def _write(out: BinaryIO, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = out.write(view)
+        view = view[written or 0 :]

@@ -1,0 +1,98 @@
+"""``KEY=VALUE`` pairs validated against a plugin's settings model, with errors a person can act on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+
+class OptionError(ValueError):
+    """An option the plugin does not have, or a value it cannot take; the message names both."""
+
+
+def parse_pairs(pairs: tuple[str, ...] | list[str], flag: str) -> dict[str, Any]:
+    """``["keep_last=3", "mask.min_chars=0"]`` -> ``{"keep_last": "3", "mask": {"min_chars": "0"}}``."""
+    data: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise OptionError(f"{flag} {pair!r}: expected KEY=VALUE, e.g. keep_last=3")
+        *parents, leaf = key.strip().split(".")
+        node = data
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise OptionError(f"{flag} {pair!r}: {part} is given both as a value and as a section")
+            node = child
+        node[leaf] = value
+    return data
+
+
+def build_settings(model: type[BaseModel], data: dict[str, Any], plugin: str, flag: str) -> BaseModel:
+    """``model`` from ``data``; a :class:`OptionError` naming the plugin, the key and what it expects."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise OptionError(
+            "; ".join(_explain(model, data, error, plugin, flag) for error in exc.errors())
+        ) from None
+
+
+def _explain(model: type[BaseModel], data: dict[str, Any], error: Any, plugin: str, flag: str) -> str:
+    path = [str(part) for part in error["loc"]]
+    key = ".".join(path)
+    if error["type"] == "extra_forbidden":
+        owner = _model_at(model, path[:-1])
+        known = ", ".join(sorted(owner.model_fields)) if owner else "none"
+        return f"{flag} {key}: {plugin} has no setting {key!r} (its settings: {known})"
+    if error["type"] == "missing":
+        return f"{plugin} needs the setting {key!r} ({describe_field(model, path)})"
+    given = _value_at(data, path)
+    return f"{flag} {key}={given}: {plugin} expects {key} to be {describe_field(model, path)}; {error['msg']}"
+
+
+def describe_field(model: type[BaseModel], path: list[str]) -> str:
+    """The field's type and description, e.g. ``int: the last N turns are never summarised``."""
+    owner = _model_at(model, path[:-1])
+    field = owner.model_fields.get(path[-1]) if owner and path else None
+    if field is None:
+        return "a valid value"
+    annotation = getattr(field.annotation, "__name__", None) or str(field.annotation)
+    bounds = [
+        f"{symbol} {getattr(item, attr)}"
+        for item in field.metadata
+        for attr, symbol in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+        if getattr(item, attr, None) is not None
+    ]
+    kind = f"{annotation} {' and '.join(bounds)}".strip()
+    return f"{kind} ({field.description})" if field.description else kind
+
+
+def describe_settings(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """One line per setting, nested models flattened to ``section.key``, with defaults."""
+    lines = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            lines.extend(describe_settings(annotation, f"{prefix}{name}."))
+            continue
+        value = "(required)" if field.is_required() else repr(field.get_default(call_default_factory=True))
+        lines.append(f"{prefix}{name} = {value}: {describe_field(model, [name])}")
+    return lines
+
+
+def _model_at(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None:
+    current: type[BaseModel] | None = model
+    for part in path:
+        field = current.model_fields.get(part) if current else None
+        annotation = field.annotation if field else None
+        current = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return current
+
+
+def _value_at(data: dict[str, Any], path: list[str]) -> Any:
+    node: Any = data
+    for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node

@@ -1,0 +1,216 @@
+"""From the command's flags to a ready compression: input, strategy, counter, model and output."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from trajkit.compress.base import CompressionContext, Compressor, TokenCounter
+from trajkit.compress.counters import TokenizerError
+from trajkit.compress.engine import (
+    CACHE_SUFFIX,
+    METRICS_SUFFIX,
+    STATE_SUFFIX,
+    CompressError,
+    Compression,
+    Job,
+    output_lock,
+    sidecar,
+)
+from trajkit.compress.metrics import Metrics
+from trajkit.compress.options import OptionError, build_settings, parse_pairs
+from trajkit.manager import PluginHost
+from trajkit.model import ModelClient, ModelError
+from trajkit.rundir import KEPT_FILE, RunIOError, write_json_atomic
+from trajkit.secrets import Scrubber, environment_secrets
+
+log = logging.getLogger("trajkit")
+
+
+class SetupError(ValueError):
+    """The flags cannot make a compression; the message says which and why."""
+
+
+def resolve_input(source: Path) -> Path:
+    """A run directory's kept trajectories, or the JSONL file itself."""
+    if source.is_dir():
+        kept = source / KEPT_FILE
+        if not kept.is_file():
+            raise SetupError(
+                f"{source} has no {KEPT_FILE}: INPUT must be a run that has been merged at least once, "
+                "or a JSONL file"
+            )
+        return kept
+    return source
+
+
+def build_counter(host: PluginHost, spec: str, pairs: tuple[str, ...]) -> TokenCounter:
+    counters = host.token_counters
+    data = parse_pairs(pairs, "--tokenizer_option")
+    if spec in counters:
+        counter_class = counters[spec]
+    else:
+        sourced = [c for c in counters.values() if c.accepts_source]
+        if not sourced:
+            raise SetupError(f"unknown token counter {spec!r} (installed: {', '.join(sorted(counters))})")
+        counter_class = sourced[0]
+        data["source"] = spec
+    settings = build_settings(
+        counter_class.Settings, data, f"token counter {counter_class.name!r}", "--tokenizer_option"
+    )
+    try:
+        return counter_class(settings)  # type: ignore[arg-type]
+    except TokenizerError as exc:
+        raise SetupError(f"--tokenizer {spec}: {exc}") from None
+
+
+def fingerprint(source: Path, compressor: Compressor, counter: TokenCounter, budget: int) -> dict[str, Any]:
+    """What the output's records depend on: a resume with any of it changed would mix two outputs."""
+    return {
+        "input": str(source.resolve()),
+        "strategy": compressor.name,
+        "settings": compressor.settings.model_dump(mode="json"),
+        "max_tokens": budget,
+        "counter": counter.describe(),
+    }
+
+
+def check_output(output: Path, source: Path, state: dict[str, Any], overwrite: bool) -> None:
+    if output.resolve() == source.resolve():
+        raise SetupError("--out must not be the input file")
+    state_file = sidecar(output, STATE_SUFFIX)
+    if overwrite:
+        output.unlink(missing_ok=True)
+        state_file.unlink(missing_ok=True)
+        return
+    if not output.exists() or output.stat().st_size == 0:
+        return
+    try:
+        previous = json.loads(state_file.read_text())
+    except (OSError, ValueError):
+        previous = None
+    if previous != state:
+        changed = (
+            ", ".join(k for k in state if previous.get(k) != state[k])
+            if isinstance(previous, dict)
+            else "unknown (no readable state file)"
+        )
+        raise SetupError(
+            f"{output} was written by another compression (differs in: {changed}); "
+            "pass --overwrite to start it again, or choose another --out"
+        )
+
+
+@dataclass
+class Prepared:
+    job: Job
+    state: dict[str, Any]
+    client: ModelClient | None
+    model: str
+    quiet: bool
+    errors: tuple[type[Exception], ...] = (CompressError, ModelError, RunIOError, OSError)
+    metrics: Metrics = field(default_factory=Metrics)
+
+    async def run(self) -> Metrics:
+        from trajkit.compress.progress import Display, print_table
+
+        output = self.job.output
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with output_lock(output):
+            write_json_atomic(sidecar(output, STATE_SUFFIX), self.state)
+            cache = None
+            try:
+                if self.client is not None:
+                    cache = self._summariser()
+                    await self.client.check()
+                display = Display(self.job.source, quiet=self.quiet)
+                with display:
+                    metrics = await Compression(self.job, display.update).run()
+            finally:
+                if self.client is not None:
+                    await self.client.aclose()
+                if cache is not None:
+                    cache.close()
+            write_json_atomic(sidecar(output, METRICS_SUFFIX), metrics.to_json())
+        if not self.quiet:
+            print_table(metrics, output)
+        return metrics
+
+    def _summariser(self) -> Any:
+        from trajkit.compress.summarizer import Summarizer, SummaryCache
+
+        assert self.client is not None
+        cache = SummaryCache(sidecar(self.job.output, CACHE_SUFFIX))
+        self.job.compressor.context.summarize = Summarizer(self.client, self.model, cache)
+        return cache
+
+
+def prepare(host: PluginHost, flags: dict[str, Any]) -> Prepared:
+    source = resolve_input(flags["source"])
+    try:
+        counter = build_counter(host, flags["tokenizer"], flags["tokenizer_options"])
+        compressor = _build_compressor(host, flags["strategy"], flags["options"], counter)
+    except OptionError as exc:
+        raise SetupError(str(exc)) from None
+    client, secrets = _client(host, flags) if compressor.uses_model else (None, [])
+    state = fingerprint(source, compressor, counter, flags["max_tokens"])
+    check_output(flags["out"], source, state, flags["overwrite"])
+    scrubber = Scrubber([*secrets, *environment_secrets()]) if compressor.uses_model else None
+    job = Job(
+        source=source,
+        output=flags["out"],
+        compressor=compressor,
+        counter=counter,
+        budget=flags["max_tokens"],
+        concurrency=flags["concurrency"],
+        record_timeout=flags["record_timeout"],
+        scrubber=scrubber,
+    )
+    return Prepared(job, state, client, flags["model"], flags["quiet"])
+
+
+def _build_compressor(
+    host: PluginHost, name: str, pairs: tuple[str, ...], counter: TokenCounter
+) -> Compressor:
+    compressors = host.compressors
+    if name not in compressors:
+        raise SetupError(f"unknown strategy {name!r} (installed: {', '.join(sorted(compressors))})")
+    compressor_class = compressors[name]
+    settings = build_settings(
+        compressor_class.Settings, parse_pairs(pairs, "--option"), f"strategy {name!r}", "--option"
+    )
+    return compressor_class(settings, CompressionContext(counter))  # type: ignore[arg-type]
+
+
+def _client(host: PluginHost, flags: dict[str, Any]) -> tuple[ModelClient, list[str]]:
+    """The model client the run would build for these flags: its retries, limits and accounting."""
+    from trajkit.config import RunConfig
+
+    settings: dict[str, Any] = {
+        key: flags[key]
+        for key in ("model", "base_url", "api_key_file", "request_timeout", "max_retries", "max_rpm")
+        if flags[key] is not None
+    }
+    concurrency = flags["concurrency"]
+    try:
+        config = RunConfig(
+            **settings, num_workers=concurrency, max_concurrent_requests=concurrency, quiet=True
+        )
+    except ValidationError as exc:
+        raise SetupError(
+            "; ".join(f"--{'.'.join(map(str, e['loc'])) or 'api_key_file'}: {e['msg']}" for e in exc.errors())
+        ) from None
+    clients = host.model_clients
+    client_class = clients.get(config.model) or clients.get("openai")
+    if client_class is None:
+        raise SetupError(f"no model client serves {config.model!r} (installed: {', '.join(sorted(clients))})")
+    try:
+        client = client_class.from_config(config)
+    except ModelError as exc:
+        raise SetupError(str(exc)) from None
+    return client, config.secret_values()

@@ -1,0 +1,115 @@
+"""Summaries through the run's model client, cached so that no summary is paid for twice.
+
+The cache is an SQLite file beside the output, keyed by a hash of the region's content, the
+asking strategy's settings and the model: a rerun, a resume after ``kill -9`` or another budget
+that picks the same region reuses the summary. SQLite commits each summary as it arrives (WAL),
+survives a killed process, and keeps memory flat however many summaries the file holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+
+import orjson
+
+from trajkit.compress.base import StrictSettings, SummaryResult, Turn
+from trajkit.model import ModelClient, ModelError
+
+ROLE_LABELS = {"system": "SYSTEM", "human": "USER", "gpt": "ASSISTANT", "tool": "TOOL RESULT"}
+
+
+class SummaryCache:
+    """Summaries by key in an SQLite file; one writer (the command's event loop)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.db = sqlite3.connect(path, isolation_level=None)  # autocommit: each put is durable
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # in WAL mode this survives a killed process
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS summaries "
+            "(key TEXT PRIMARY KEY, text TEXT NOT NULL, model TEXT NOT NULL, cost REAL NOT NULL)"
+        )
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: str) -> tuple[str, str] | None:
+        row = self.db.execute("SELECT text, model FROM summaries WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return str(row[0]), str(row[1])
+
+    def put(self, key: str, text: str, model: str, cost: float) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO summaries (key, text, model, cost) VALUES (?, ?, ?, ?)",
+            (key, text, model, cost),
+        )
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class Summarizer:
+    """Callable as :data:`trajkit.compress.base.Summarize`: region and settings in, summary out."""
+
+    def __init__(self, client: ModelClient, model: str, cache: SummaryCache) -> None:
+        self.client = client
+        self.model = model
+        self.cache = cache
+
+    async def __call__(self, region: list[Turn], settings: StrictSettings) -> SummaryResult:
+        turn_chars = int(getattr(settings, "turn_chars", 4000))
+        excerpt = render_region(region, turn_chars)
+        key = cache_key(excerpt, settings, self.model)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return SummaryResult(text=cached[0], model=cached[1])
+        prompt = str(getattr(settings, "prompt", "")).format(
+            summary_tokens=getattr(settings, "summary_tokens", 750)
+        )
+        messages = [{"role": "system", "content": prompt}, {"role": "user", "content": excerpt}]
+        message = await self.client.complete(messages, [])
+        text = message.content.strip()
+        if not text:
+            raise ModelError("the summariser answered with no text")
+        cost = message.usage.cost or 0.0
+        self.cache.put(key, text, self.model, cost)
+        return SummaryResult(text=text, model=self.model, cost=cost, requests=1)
+
+
+def cache_key(excerpt: str, settings: StrictSettings, model: str) -> str:
+    material = orjson.dumps(
+        {"excerpt": excerpt, "settings": settings.model_dump(mode="json"), "model": model},
+        option=orjson.OPT_SORT_KEYS,
+    )
+    return hashlib.sha256(material).hexdigest()
+
+
+def render_region(region: list[Turn], turn_chars: int) -> str:
+    """The region as the summariser reads it: each turn labelled, long values cut in the middle."""
+    blocks = []
+    for turn in region:
+        label = ROLE_LABELS.get(str(turn.get("from")), str(turn.get("from")).upper())
+        if turn.get("name"):
+            label += f" ({turn['name']})"
+        lines = [f"[{label}]", _clip(str(turn.get("value") or ""), turn_chars)]
+        if turn.get("reasoning"):
+            lines.insert(1, f"(reasoning) {_clip(str(turn['reasoning']), turn_chars // 2)}")
+        for call in turn.get("tool_calls") or ():
+            if isinstance(call, dict):
+                lines.append(
+                    f"(calls {call.get('name')}) {_clip(str(call.get('arguments') or ''), turn_chars)}"
+                )
+        blocks.append("\n".join(line for line in lines if line))
+    return "\n\n".join(blocks)
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
