@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import tracemalloc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,13 +28,21 @@ import modal
 import modal.container_process
 import modal.io_streams
 import modal.sandbox.sandbox
+import modal.types
 import trajkit_modal.testing as fake_sdk
 from modal.exception import InvalidError, ResourceExhaustedError
 from trajkit_modal.backend import INLINE_COMMAND_LIMIT, MAX_LIFETIME, ModalBackend
 from trajkit_modal.ratelimit import TokenBucket, backoff_delay
 from trajkit_modal.testing import FakeModal
 
-from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxError, SandboxSpec
+from trajkit.sandbox import (
+    FileTooLarge,
+    ImageUnavailable,
+    NotARegularFile,
+    SandboxBackend,
+    SandboxError,
+    SandboxSpec,
+)
 from trajkit.testing.sandbox_conformance import SandboxConformance
 
 LIVE_APP = "trajkit-tests"
@@ -446,3 +455,74 @@ def test_the_lifetime_ends_a_sandbox_even_without_close(fake: FakeModal) -> None
     started = time.monotonic()
     asyncio.run(body())
     assert time.monotonic() - started < 20
+
+
+# --- files: what the fake's file tools do, and what the backend makes of them ---------------------
+
+
+def test_the_fakes_file_tools_are_as_hazardous_as_modals(fake: FakeModal) -> None:
+    """A backend that handed paths straight to ``read_bytes`` would fail the hostile cases on the fake."""
+
+    async def body() -> None:
+        sandbox = await ModalBackend({}, sdk=fake).create(spec())
+        made = (
+            "ln -s /dev/zero zero && mkfifo fifo && dd if=/dev/zero of=big bs=1 count=0 seek=1G 2>/dev/null"
+        )
+        await sandbox.exec(made, timeout=30)
+        files = sandbox.handle.filesystem
+        with pytest.raises(RuntimeError, match="runs out of memory"):
+            await files.read_bytes.aio(f"{sandbox.cwd}/zero")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(files.read_bytes.aio(f"{sandbox.cwd}/fifo"), 1)
+        with pytest.raises(modal.exception.SandboxFilesystemFileTooLargeError):
+            await files.read_bytes.aio(f"{sandbox.cwd}/big")
+        info = await files.stat.aio(f"{sandbox.cwd}/zero")
+        assert (info.type, info.symlink_target) == (modal.types.FileType.SYMLINK, "/dev/zero")
+        await sandbox.close()
+
+    asyncio.run(body())
+
+
+def test_symlinks_resolve_inside_the_sandbox_and_writes_follow_them(fake: FakeModal, tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "kept.txt").write_bytes(b"host")
+
+    async def body() -> None:
+        sandbox = await ModalBackend({}, sdk=fake).create(spec())
+        await sandbox.exec(
+            f"mkdir real && echo inside > real/file && ln -s real/file link && ln -s {host} dl", timeout=30
+        )
+        await sandbox.write_file("link", b"through the link")
+        listing = await sandbox.exec("readlink link; cat real/file", timeout=30)
+        assert listing.stdout == "real/file\nthrough the link"
+        await sandbox.write_file("dl/kept.txt", b"sandbox")
+        assert await sandbox.read_file("dl/kept.txt") == b"sandbox"
+        with pytest.raises(NotARegularFile):
+            await sandbox.write_file("/dev/null", b"x")
+        await sandbox.close()
+
+    asyncio.run(body())
+    assert (host / "kept.txt").read_bytes() == b"host" and os.listdir(host) == ["kept.txt"]
+
+
+def test_a_huge_file_is_read_as_head_and_tail_in_bounded_memory(fake: FakeModal) -> None:
+    limit = 1 << 20
+
+    async def body() -> None:
+        sandbox = await ModalBackend({}, sdk=fake).create(spec())
+        await sandbox.exec("printf HEAD > huge && truncate -s 1T huge && printf TAIL >> huge", timeout=30)
+        tracemalloc.start()
+        try:
+            with pytest.raises(FileTooLarge) as caught:
+                await sandbox.read_file("huge", limit=limit)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert caught.value.size == (1 << 40) + 4
+        assert caught.value.head.startswith(b"HEAD") and caught.value.tail.endswith(b"TAIL")
+        assert len(caught.value.head) + len(caught.value.tail) == limit
+        assert peak < 4 * limit, f"reading a 1 TiB file held {peak} bytes"
+        await sandbox.close()
+
+    asyncio.run(body())

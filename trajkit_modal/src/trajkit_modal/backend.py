@@ -24,23 +24,16 @@ Modal, and it is used through its ``.aio`` forms only, so nothing blocks the eve
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import math
-import os
 import posixpath
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from trajkit.sandbox import (
     DEFAULT_CWD,
-    DEFAULT_OUTPUT_CAP,
-    CappedBuffer,
-    ExecResult,
     ImageUnavailable,
-    Sandbox,
     SandboxBackend,
     SandboxError,
     SandboxInfo,
@@ -49,6 +42,9 @@ from trajkit.sandbox import (
     owner_tag,
 )
 from trajkit_modal.ratelimit import TokenBucket, backoff_delay
+from trajkit_modal.sandbox import INLINE_COMMAND_LIMIT, ModalSandbox
+
+__all__ = ["INLINE_COMMAND_LIMIT", "MAX_LIFETIME", "ModalBackend", "ModalSandbox"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,12 +52,6 @@ T = TypeVar("T")
 MAX_LIFETIME = 24 * 3600
 """Modal's upper bound on a sandbox's lifetime, in seconds."""
 MAX_BACKOFF = 60.0
-MODAL_EXEC_TIMED_OUT = -1
-"""What Modal's ``ContainerProcess.wait()`` returns when the exec's own timeout expired."""
-EXEC_GRACE = 30.0
-"""How long past its timeout an exec may take before we stop waiting for Modal to report it."""
-STREAM_GRACE = 5.0
-"""How long output may keep streaming after the command exited (a stray process holds the pipe)."""
 REAP_CONCURRENCY = 8
 
 TAG_MARK = "trajkit"
@@ -73,37 +63,6 @@ AUTH_HINT = (
     "Modal rejected the credentials; configure them with `modal token set` or the "
     "MODAL_TOKEN_ID / MODAL_TOKEN_SECRET environment variables"
 )
-
-# Runs the command ($1, or stdin when $3 is "stdin") in a session and process group of its own,
-# and kills that group when the command's shell exits, so that no background child outlives the
-# exec. The wrapper's and the group's ids go to a file named after the exec ($2), for the kill that
-# follows a timeout. Reading stdin keeps trailing newlines (the "x" guard) for here-documents.
-RUN_IN_GROUP = """\
-c=$1
-if [ "$3" = stdin ]; then c=$(cat; echo x); c=${c%x}; fi
-f=/tmp/.trajkit-exec-$2
-if command -v setsid >/dev/null 2>&1; then setsid /bin/sh -c "$c" & else /bin/sh -c "$c" & fi
-p=$!
-{ echo "$$ $p" >"$f"; } 2>/dev/null
-wait "$p"
-rc=$?
-kill -9 -"$p" 2>/dev/null
-rm -f "$f"
-exit "$rc"
-"""
-INLINE_COMMAND_LIMIT = 32 * 1024
-"""Longer commands travel through stdin: Modal refuses argument lists over 64 KiB."""
-
-# Sent as a second exec after a timeout: Modal has stopped waiting, but the processes may live on.
-KILL_GROUP = """\
-f=/tmp/.trajkit-exec-$1
-if [ -r "$f" ]; then
-  read -r w p <"$f"
-  kill -9 -"$p" "$w" 2>/dev/null
-  rm -f "$f"
-fi
-exit 0
-"""
 
 
 @dataclass(frozen=True)
@@ -364,182 +323,6 @@ class ModalBackend(SandboxBackend):
         return SandboxError(f"modal: {what} failed: {_describe(exc)}")
 
 
-class ModalSandbox(Sandbox):
-    """One Modal Sandbox. Commands run through ``/bin/sh -c`` in their own process group."""
-
-    def __init__(self, backend: ModalBackend, handle: Any, cwd: str, info: SandboxInfo) -> None:
-        self.backend = backend
-        self.handle = handle
-        self.cwd = cwd
-        self.info = info
-        self.closed = False
-
-    async def locate_workdir(self) -> None:
-        """Wait until the sandbox runs commands, and learn its working directory as it names it.
-
-        Creation returns before a container may be usable; a first command that fails here is a
-        sandbox failure rather than a failure of some later tool call in the middle of a session.
-        """
-        result = await self.exec("pwd", timeout=self.backend.settings.call_timeout)
-        lines = result.stdout.splitlines()
-        if result.exit_code != 0 or not lines or not lines[-1].startswith("/"):
-            detail = result.stderr.strip()[:500] or f"exit code {result.exit_code}"
-            raise SandboxError(f"modal: the sandbox cannot run commands in {self.cwd}: {detail}")
-        self.cwd = lines[-1]
-
-    async def exec(
-        self,
-        command: str,
-        *,
-        timeout: float,
-        env: Mapping[str, str] | None = None,
-        output_cap: int = DEFAULT_OUTPUT_CAP,
-    ) -> ExecResult:
-        self._check_open()
-        exec_id = uuid.uuid4().hex
-        inline = len(command) <= INLINE_COMMAND_LIMIT
-        start = self.handle.exec.aio(
-            "/bin/sh",
-            "-c",
-            RUN_IN_GROUP,
-            "trajkit-exec",
-            command if inline else "",
-            exec_id,
-            "" if inline else "stdin",
-            timeout=_whole_seconds(timeout),
-            workdir=self.cwd,
-            env=dict(env) if env else None,
-            text=False,
-        )
-        process = await self.backend._bounded(start, self.backend.settings.call_timeout, "starting a command")
-        if not inline:
-            await self._send_command(process, command)
-        stdout, stderr = CappedBuffer(output_cap), CappedBuffer(output_cap)
-        exit_code = await self._collect(process, stdout, stderr, timeout + EXEC_GRACE)
-        timed_out = exit_code == MODAL_EXEC_TIMED_OUT
-        if timed_out:
-            await self._kill(exec_id)
-        return ExecResult(
-            exit_code=124 if timed_out else exit_code,
-            stdout=stdout.text(),
-            stderr=stderr.text(),
-            timed_out=timed_out,
-            truncated=stdout.truncated or stderr.truncated,
-        )
-
-    async def _send_command(self, process: Any, command: str) -> None:
-        process.stdin.write(command.encode("utf-8"))
-        process.stdin.write_eof()
-        drain = process.stdin.drain.aio()
-        await self.backend._bounded(drain, self.backend.settings.call_timeout, "sending a long command")
-
-    async def _collect(self, process: Any, stdout: CappedBuffer, stderr: CappedBuffer, limit: float) -> int:
-        """Stream both outputs into their buffers while waiting for the exit code."""
-        pumps = asyncio.gather(_pump(process.stdout, stdout), _pump(process.stderr, stderr))
-        try:
-            exit_code: int = await asyncio.wait_for(process.wait.aio(), limit)
-        except TimeoutError:
-            exit_code = MODAL_EXEC_TIMED_OUT
-        except BaseException as exc:
-            await _cancel(pumps)
-            if isinstance(exc, Exception):
-                raise self.backend._sandbox_error(exc, "waiting for a command", limit) from exc
-            raise
-        try:
-            # Modal ends both streams when the command exits or its timeout expires; a process that
-            # escaped the group may keep a pipe open, and its output is not worth waiting for.
-            await asyncio.wait_for(pumps, STREAM_GRACE)
-        except TimeoutError:
-            pass
-        except Exception as exc:
-            raise self.backend._sandbox_error(exc, "reading a command's output", STREAM_GRACE) from exc
-        return exit_code
-
-    async def _kill(self, exec_id: str) -> None:
-        """Kill a timed-out command's process group from a second exec.
-
-        Modal only stops waiting when an exec times out; it does not promise to kill what the
-        command started, and the contract says nothing may outlive the call.
-        """
-        seconds = self.backend.settings.call_timeout
-        try:
-            start = self.handle.exec.aio("/bin/sh", "-c", KILL_GROUP, "trajkit-kill", exec_id, timeout=30)
-            process = await asyncio.wait_for(start, seconds)
-            await asyncio.wait_for(process.wait.aio(), seconds)
-        except Exception as exc:
-            reason = self.backend._sandbox_error(exc, "killing a timed-out command", seconds)
-            log.warning("%s", reason)
-
-    async def read_file(self, path: str) -> bytes:
-        self._check_open()
-        target = self._resolve(path)
-        call = self.handle.filesystem.read_bytes.aio(target)
-        data: bytes = await self._file_call(call, target)
-        return data
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        self._check_open()
-        target = self._resolve(path)
-        # Modal's write_bytes creates missing parent directories itself.
-        await self._file_call(self.handle.filesystem.write_bytes.aio(bytes(data), target), target)
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.backend._open.discard(self)
-        seconds = self.backend.settings.call_timeout
-        try:
-            await asyncio.wait_for(self.handle.terminate.aio(), seconds)
-        except Exception as exc:
-            # Its lifetime still ends it; the run must not fail because a cleanup call did.
-            reason = self.backend._sandbox_error(exc, "terminating the sandbox", seconds)
-            log.warning("modal: %s (sandbox %s)", reason, getattr(self.handle, "object_id", "?"))
-
-    def _resolve(self, path: str) -> str:
-        return posixpath.normpath(path if path.startswith("/") else posixpath.join(self.cwd, path))
-
-    async def _file_call(self, call: Awaitable[T], path: str) -> T:
-        """Await a filesystem call, mapping Modal's file errors onto Python's own."""
-        seconds = self.backend.settings.call_timeout
-        try:
-            return await asyncio.wait_for(call, seconds)
-        except Exception as exc:
-            raise self._file_error(exc, path, seconds) from exc
-
-    def _file_error(self, exc: BaseException, path: str, seconds: float) -> BaseException:
-        errors = self.backend.sdk.exception
-        table: list[tuple[type[BaseException], Callable[..., OSError], int]] = [
-            (errors.SandboxFilesystemNotFoundError, FileNotFoundError, errno.ENOENT),
-            (errors.SandboxFilesystemIsADirectoryError, IsADirectoryError, errno.EISDIR),
-            (errors.SandboxFilesystemNotADirectoryError, NotADirectoryError, errno.ENOTDIR),
-            (errors.SandboxFilesystemPermissionError, PermissionError, errno.EACCES),
-            (errors.SandboxFilesystemFileTooLargeError, OSError, errno.EFBIG),
-            (errors.SandboxFilesystemError, OSError, errno.EIO),
-        ]
-        for modal_error, python_error, code in table:
-            if isinstance(exc, modal_error):
-                return python_error(code, os.strerror(code), path)
-        return self.backend._sandbox_error(exc, f"accessing {path}", seconds)
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise SandboxError("modal: sandbox is closed")
-
-
-async def _pump(stream: Any, buffer: CappedBuffer) -> None:
-    async for chunk in stream:
-        buffer.feed(chunk if isinstance(chunk, bytes) else chunk.encode("utf-8"))
-
-
-async def _cancel(future: asyncio.Future[Any]) -> None:
-    """Cancel ``future`` and wait for it, without letting its outcome (or cancellation) escape."""
-    future.cancel()
-    await asyncio.wait([future])
-    if not future.cancelled():
-        future.exception()
-
-
 def _absolute_cwd(cwd: str | None) -> str:
     if not cwd:
         return DEFAULT_CWD
@@ -548,11 +331,6 @@ def _absolute_cwd(cwd: str | None) -> str:
 
 def _lifetime_seconds(lifetime: float) -> int:
     return max(1, min(MAX_LIFETIME, math.ceil(lifetime)))
-
-
-def _whole_seconds(timeout: float) -> int:
-    """Modal takes exec timeouts in whole seconds; round up so a command never gets less time."""
-    return max(1, math.ceil(timeout))
 
 
 def _describe(exc: BaseException) -> str:

@@ -12,6 +12,9 @@ How it imitates Modal:
   stdin as a pipe (``ContainerProcess.stdin``);
 - paths given to the SDK (``workdir``, ``sb.filesystem``) are mapped into the root; since commands
   see the host's file system, the root's own host path names the same files (``pwd`` prints it);
+- ``sb.filesystem`` resolves symlinks inside the root as a container would, and treats FIFOs and
+  devices as the real file tools would (a FIFO blocks, a device never ends): see
+  :mod:`trajkit_modal.fake_files`;
 - an exec's ``timeout`` makes ``ContainerProcess.wait()`` return -1 and ends its output streams,
   as Modal does, and leaves the processes running (``kill_on_exec_timeout`` changes that);
 - a sandbox's ``timeout`` (lifetime) is enforced lazily, whenever the fake is next used;
@@ -41,6 +44,9 @@ from typing import Any, ClassVar, Literal, TypeVar, cast
 
 from modal import exception
 from modal.stream_type import StreamType
+from modal.types import FileInfo
+
+from trajkit_modal import fake_files
 
 MARKER_VARIABLE = "FAKE_MODAL_SANDBOX_ID"
 ARG_MAX_BYTES = 2**16
@@ -475,41 +481,46 @@ class ContainerProcess:
 
 
 class SandboxFilesystem:
-    """``sb.filesystem``: whole-file reads and writes by absolute path, as in Modal 1.6."""
+    """``sb.filesystem`` as in Modal 1.6: ``stat``, whole-file reads and writes by absolute path,
+    resolved like a container would (see :mod:`trajkit_modal.fake_files`)."""
 
     def __init__(self, state: SandboxState) -> None:
         self._state = state
 
     @aio_method
-    async def read_bytes(self, remote_path: str) -> bytes:
-        target = self._target(remote_path, "read_bytes")
+    async def stat(self, remote_path: str) -> FileInfo:
         try:
-            return await asyncio.to_thread(target.read_bytes)
+            return fake_files.file_info(remote_path, self._target(remote_path, "stat", follow_last=False))
         except OSError as exc:
-            raise _filesystem_error(exc, remote_path, "read") from None
+            raise fake_files.error_for(exc, remote_path, "stat") from None
+
+    @aio_method
+    async def read_bytes(self, remote_path: str) -> bytes:
+        try:
+            return await fake_files.read_whole(self._target(remote_path, "read_bytes", follow_last=True))
+        except OSError as exc:
+            raise fake_files.error_for(exc, remote_path, "read") from None
 
     @aio_method
     async def write_bytes(self, data: bytes | bytearray | memoryview, remote_path: str) -> None:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError("data must be bytes-like")
-        target = self._target(remote_path, "write_bytes")
-
-        def write() -> None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-
         try:
-            await asyncio.to_thread(write)
+            target = self._target(remote_path, "write_bytes", follow_last=True, create_parents=True)
+            await fake_files.write_whole(target, bytes(data))
         except OSError as exc:
-            raise _filesystem_error(exc, remote_path, "write") from None
+            raise fake_files.error_for(exc, remote_path, "write") from None
 
-    def _target(self, remote_path: str, operation: str) -> Path:
+    def _target(
+        self, remote_path: str, operation: str, *, follow_last: bool, create_parents: bool = False
+    ) -> Path:
         if not posixpath.isabs(remote_path):
             raise exception.InvalidError(
                 f"Sandbox.filesystem.{operation}() currently only supports absolute remote_path values"
             )
         self._state.check_running()
-        return self._state.host_path(remote_path)
+        root = fake_files.Root(self._state.root)
+        return root.resolve(remote_path, follow_last=follow_last, create_parents=create_parents)
 
 
 class Sandbox:
@@ -760,19 +771,6 @@ def _pipe_for(
     read_end, write_end = os.pipe()
     state.open_fds.add(read_end)
     return write_end, StreamReader(state, read_end, deadline, text, number)
-
-
-def _filesystem_error(exc: OSError, remote_path: str, operation: str) -> exception.SandboxFilesystemError:
-    """The error Modal raises for ``exc``, as its file tools classify them for ``operation``."""
-    if isinstance(exc, FileNotFoundError):
-        return exception.SandboxFilesystemNotFoundError(f"No such file or directory: {remote_path}")
-    if isinstance(exc, IsADirectoryError):
-        return exception.SandboxFilesystemIsADirectoryError(f"Is a directory: {remote_path}")
-    if isinstance(exc, NotADirectoryError | FileExistsError) and operation == "write":
-        return exception.SandboxFilesystemNotADirectoryError(f"Not a directory: {remote_path}")
-    if isinstance(exc, PermissionError):
-        return exception.SandboxFilesystemPermissionError(f"Permission denied: {remote_path}")
-    return exception.SandboxFilesystemError(f"{exc.strerror or exc}: {remote_path}")
 
 
 def _exit_code(returncode: int) -> int:
