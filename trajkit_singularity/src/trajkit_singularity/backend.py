@@ -273,14 +273,15 @@ class SingularityBackend(SandboxBackend):
         limits = self._limit_options()
         result = await self._run_start(name, [*args[:2], *limits, *args[2:]], image)
         if not result.ok and limits and _cgroups_unusable(result) and not settings.limits_required:
-            log.warning(
-                "apptainer cannot enforce memory and process limits here (%s); sandboxes run without "
-                "them. Give Apptainer usable cgroups (root with cgroupfs, or cgroups v2 delegated "
-                "through systemd) to have them, or set singularity.memory=none and "
-                "singularity.pids_limit=none to silence this.",
-                result.reason(),
-            )
-            self._limits_usable = False
+            if self._limits_usable:  # starts in flight may all fail alike: say it once
+                self._limits_usable = False
+                log.warning(
+                    "apptainer cannot enforce memory and process limits here (%s); sandboxes run "
+                    "without them. Give Apptainer usable cgroups (root with cgroupfs, or cgroups v2 "
+                    "delegated through systemd) to have them, or set singularity.memory=none and "
+                    "singularity.pids_limit=none to silence this.",
+                    result.reason(),
+                )
             result = await self._run_start(name, args, image)
         if not result.ok:
             raise SandboxError(f"cannot start an instance of {image}: {result.reason()}")
