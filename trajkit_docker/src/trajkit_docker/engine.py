@@ -269,13 +269,13 @@ class Engine:
 
         url = self.api._url("/containers/{0}/archive", container_id)
         response = self.api.head(url, params={"path": path}, timeout=self.api.timeout)
-        if response.status_code == 404:
-            return None
         if response.status_code >= 400:
-            # A HEAD answer has no body, hence no reason: ask again with GET for the engine's words.
+            # A HEAD answer has no body, hence no reason (a missing path and a missing container are
+            # both 404): ask again with GET for the engine's words. Either fails before any tar.
             archive = self.open_archive(container_id, path)
-            if archive is not None:
-                archive.close()
+            if archive is None:
+                return None
+            archive.close()  # the path came into being meanwhile; whatever the engine's trouble was, say so
             raise SandboxError(f"docker: the engine could not stat {path!r} (HTTP {response.status_code})")
         encoded = response.headers.get("X-Docker-Container-Path-Stat")
         return decode_json_header(encoded) if encoded else {}
