@@ -516,6 +516,44 @@ def test_host_side_file_operations_refuse_what_is_not_a_regular_file(tmp_path: P
 
 
 @pytest.mark.engine("apptainer")
+def test_reads_in_the_container_are_capped_and_refuse_what_is_not_a_file(
+    apptainer: None, cache_dir: Path
+) -> None:
+    """Paths outside the working directory are read by the container's reader program."""
+    from trajkit.sandbox import FileTooLarge, NotARegularFile
+
+    async def body() -> None:
+        backend = make_backend(cache_dir)
+        sb = await backend.create(spec())
+        try:
+            made = await sb.exec(
+                "printf HEAD > /opt/huge && dd if=/dev/zero of=/opt/huge bs=1 count=0 seek=3G 2>/dev/null"
+                " && printf TAIL >> /opt/huge && mkfifo /opt/fifo && echo made",
+                timeout=60,
+            )
+            assert "made" in made.stdout, made
+            with pytest.raises(FileTooLarge) as caught:
+                await sb.read_file("/opt/huge", limit=65536)
+            assert caught.value.size == 3 * 1024**3 + 4
+            assert caught.value.head.startswith(b"HEAD") and caught.value.tail.endswith(b"TAIL")
+            assert len(caught.value.head) + len(caught.value.tail) == 65536
+            for path in ("/opt/fifo", "/dev/zero"):
+                with pytest.raises(NotARegularFile):
+                    await asyncio.wait_for(sb.read_file(path), 30)
+            with pytest.raises(NotARegularFile):
+                await asyncio.wait_for(sb.write_file("/opt/fifo", b"x"), 30)
+            await sb.exec("printf 0123456789 > /opt/ten", timeout=30)
+            assert await sb.read_file("/opt/ten", limit=10) == b"0123456789"
+            with pytest.raises(FileTooLarge) as small:
+                await sb.read_file("/opt/ten", limit=9)
+            assert (small.value.size, small.value.head, small.value.tail) == (10, b"0123", b"56789")
+        finally:
+            await sb.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.engine("apptainer")
 def test_cancelled_exec_kills_its_processes(apptainer: None, cache_dir: Path) -> None:
     async def body() -> None:
         backend = make_backend(cache_dir)
