@@ -85,7 +85,7 @@ class MaskObservations(Compressor):
         return {**turn, "value": new_value}
 
     def placeholder(self, text: str) -> str:
-        return self.settings.placeholder.format(lines=text.count("\n") + 1, chars=len(text))
+        return self.settings.placeholder.format(lines=max(1, len(text.splitlines())), chars=len(text))
 
     def _block(self, inner: str) -> str:
         """A reference-shape ``<tool_response>`` block: its JSON keeps the call's id and name."""
@@ -94,8 +94,18 @@ class MaskObservations(Compressor):
         except ValueError:
             data = None
         if isinstance(data, dict) and "content" in data:
-            content = data["content"]
-            text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+            text = _text_of(data["content"])
             data = {**data, "content": self.placeholder(text)}
             return f"<tool_response>\n{json.dumps(data, ensure_ascii=False)}\n</tool_response>"
         return f"<tool_response>\n{self.placeholder(inner.strip())}\n</tool_response>"
+
+
+def _text_of(content: Any) -> str:
+    """What a result held, as a reader would count its lines: an object's string fields, joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        strings = [value for value in content.values() if isinstance(value, str)]
+        if strings:
+            return "\n".join(strings)
+    return json.dumps(content, ensure_ascii=False)

@@ -1,0 +1,281 @@
+"""``trajkit compress`` end to end: the real CLI in a subprocess, summaries from the test server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import read_jsonl, trajkit, write_jsonl
+from trajkit.compress.turns import SUMMARY_PREFIX, problems
+from trajkit.testing.openai_server import OpenAITestServer
+from trajkit.testing.trajectories import reference_record, trajkit_record
+
+
+def summary_policy(body: dict[str, Any]) -> dict[str, Any]:
+    """A deterministic summariser: the same region always gets the same (short) summary."""
+    excerpt = body["messages"][-1]["content"]
+    return {"content": f"Progress: {excerpt.count('[TOOL RESULT')} tool results condensed."}
+
+
+def compress(
+    *args: str, server: OpenAITestServer | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    model = ["--model", "test-model", "--base_url", server.base_url] if server else []
+    return trajkit("compress", *args, *model, timeout=timeout)
+
+
+def test_summaries_through_the_server_keep_parallel_calls_whole_and_load_in_datasets(tmp_path: Path) -> None:
+    records = [trajkit_record(i, steps=14, parallel=3) for i in range(6)]
+    records.append(trajkit_record(99, steps=1, parallel=1))  # already under budget
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out.jsonl"
+    with OpenAITestServer(summary_policy) as server:
+        done = compress(
+            str(source), "--out", str(out), "--max_tokens", "2500", "--strategy", "summary", server=server
+        )
+        assert done.returncode == 0, done.stderr
+        requests = server.count
+    rows = read_jsonl(out)
+    assert [r["prompt_index"] for r in rows] == [*range(6), 99]
+    for original, row in zip(records, rows, strict=True):
+        meta = row["compression"]
+        assert problems(row["conversations"]) == []
+        assert meta["tokens_before"] > meta["tokens_after"] or row["prompt_index"] == 99
+        if row["prompt_index"] == 99:
+            assert (
+                meta["under_budget"]
+                and not meta["compressed"]
+                and row["conversations"] == original["conversations"]
+            )
+            continue
+        assert meta["under_budget"] and meta["summaries"] >= 1 and meta["summary_model"] == "test-model"
+        summaries = [t for t in row["conversations"] if t["value"].startswith(SUMMARY_PREFIX)]
+        assert len(summaries) == 1 and summaries[0]["from"] == "human"
+        kept_ids = {t["tool_call_id"] for t in row["conversations"] if t["from"] == "tool"}
+        for turn in row["conversations"]:
+            if turn["from"] == "gpt" and turn["tool_calls"]:
+                assert {c["id"] for c in turn["tool_calls"]} <= kept_ids  # parallel calls kept together
+    assert requests == sum(r["compression"]["requests"] for r in rows)
+    metrics = json.loads((tmp_path / "out.jsonl.metrics.json").read_text())
+    assert metrics["records"] == 7 and metrics["under_budget"] == 7 and metrics["requests"] == requests
+
+    import datasets
+
+    loaded = datasets.load_dataset("json", data_files=str(out), split="train")
+    assert loaded.num_rows == 7
+    assert set(loaded.features["compression"]) >= {"tokens_before", "tokens_after", "strategy", "cost"}
+
+
+def test_the_first_tool_turn_late_in_the_conversation_is_kept(tmp_path: Path) -> None:
+    record = trajkit_record(0, steps=10, parallel=2, answer_first=8)
+    turns = record["conversations"]
+    first_tool = next(i for i, t in enumerate(turns) if t["from"] == "tool")
+    source = write_jsonl(tmp_path / "in.jsonl", [record])
+    out = tmp_path / "out.jsonl"
+    with OpenAITestServer(summary_policy) as server:
+        done = compress(
+            str(source),
+            "--out",
+            str(out),
+            "--max_tokens",
+            "1500",
+            "--strategy",
+            "summary",
+            "--option",
+            "keep_last=2",
+            server=server,
+        )
+        assert done.returncode == 0, done.stderr
+        asked = [r.body["messages"][-1]["content"] for r in server.requests]
+    [row] = read_jsonl(out)
+    kept = row["conversations"]
+    for index in (0, 1, 2, first_tool - 1, first_tool, first_tool + 1):
+        assert turns[index] in kept
+    assert all(turns[first_tool]["value"][:60] not in excerpt for excerpt in asked)
+    assert row["compression"]["under_budget"] and problems(kept) == []
+
+
+def test_a_summariser_that_times_out_keeps_the_record_unchanged_and_flagged(tmp_path: Path) -> None:
+    records = [trajkit_record(i, steps=10, parallel=2) for i in range(3)]
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out.jsonl"
+    with OpenAITestServer(summary_policy, latency=30.0) as server:
+        done = compress(
+            str(source),
+            "--out",
+            str(out),
+            "--max_tokens",
+            "1500",
+            "--strategy",
+            "summary",
+            "--record_timeout",
+            "1",
+            server=server,
+        )
+    assert done.returncode == 0, done.stderr
+    assert "3 records could not be compressed and were kept unchanged" in done.stderr
+    rows = read_jsonl(out)
+    assert [r["conversations"] for r in rows] == [r["conversations"] for r in records]
+    for row in rows:
+        assert row["compression"]["error"] == "timeout: not compressed within 1s"
+        assert not row["compression"]["under_budget"] and not row["compression"]["compressed"]
+    metrics = json.loads((tmp_path / "out.jsonl.metrics.json").read_text())
+    assert metrics["flagged"] == 3
+
+
+def _cached_summaries(path: Path) -> int:
+    with sqlite3.connect(path) as db:
+        return int(db.execute("SELECT count(*) FROM summaries").fetchone()[0])
+
+
+def test_kill_9_mid_file_then_a_rerun_pays_for_no_summary_twice(tmp_path: Path) -> None:
+    records = [trajkit_record(i, steps=12, parallel=2) for i in range(12)]
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out.jsonl"
+    cache = tmp_path / "out.jsonl.summaries.sqlite"
+    with OpenAITestServer(summary_policy, latency=0.3) as server:
+        args = [
+            sys.executable, "-m", "trajkit", "compress", str(source), "--out", str(out), "--max_tokens", "1500",
+            "--strategy", "summary", "--option", "summary_tokens=40", "--concurrency", "2", "--quiet",
+            "--model", "test-model", "--base_url", server.base_url,
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+        process = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not out.exists() or out.read_bytes().count(b"\n") < 4):
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        written_before = out.read_bytes().count(b"\n")
+        assert 4 <= written_before < len(records)
+        stored = _cached_summaries(cache)
+        while server.in_flight:  # requests the killed process sent are answered (and paid) all the same
+            time.sleep(0.05)
+        first_requests = server.count
+
+        done = compress(
+            str(source),
+            "--out",
+            str(out),
+            "--max_tokens",
+            "1500",
+            "--strategy",
+            "summary",
+            "--option",
+            "summary_tokens=40",
+            "--concurrency",
+            "2",
+            server=server,
+        )
+        assert done.returncode == 0, done.stderr
+        second_requests = server.count - first_requests
+    rows = read_jsonl(out)
+    assert [r["prompt_index"] for r in rows] == list(range(12))  # nothing lost, nothing twice, in order
+    assert all(problems(r["conversations"]) == [] and r["compression"]["under_budget"] for r in rows)
+    needed = sum(r["compression"]["summaries"] for r in rows)
+    assert first_requests >= stored > 0
+    assert second_requests == needed - stored  # every summary stored before the kill was reused
+    assert _cached_summaries(cache) == needed
+
+    # and a rerun of the finished output asks for nothing
+    with OpenAITestServer(summary_policy) as server:
+        again = compress(
+            str(source),
+            "--out",
+            str(out),
+            "--max_tokens",
+            "1500",
+            "--strategy",
+            "summary",
+            "--option",
+            "summary_tokens=40",
+            server=server,
+        )
+        assert again.returncode == 0 and server.count == 0
+    assert read_jsonl(out) == rows
+
+
+def test_the_reference_runner_record_shape(tmp_path: Path) -> None:
+    records = [reference_record(i, steps=12, parallel=2) for i in range(3)]
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out.jsonl"
+    with OpenAITestServer(summary_policy) as server:
+        done = compress(
+            str(source), "--out", str(out), "--max_tokens", "2000", "--strategy", "pipeline", server=server
+        )
+        assert done.returncode == 0, done.stderr
+    rows = read_jsonl(out)
+    for original, row in zip(records, rows, strict=True):
+        meta = row["compression"]
+        assert meta["under_budget"] and meta["masked"] > 0 and meta["summaries"] == 1
+        assert problems(row["conversations"]) == []
+        assert all(set(turn) == {"from", "value"} for turn in row["conversations"])
+        calls = sum(t["value"].count("<tool_call>") for t in row["conversations"])
+        results = sum(t["value"].count("<tool_response>") for t in row["conversations"])
+        assert calls == results
+        assert row["conversations"][:3] == original["conversations"][:3]
+        assert "(20 lines, " in row["conversations"][3]["value"]  # what the masked output held
+
+
+def test_a_run_directory_is_read_through_its_kept_trajectories_only(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    write_jsonl(run / "trajectories.jsonl", [trajkit_record(i, steps=6) for i in range(3)])
+    write_jsonl(run / "batch_0.jsonl", [trajkit_record(i, steps=6) for i in range(100, 105)])
+    out = tmp_path / "out.jsonl"
+    done = compress(str(run), "--out", str(out), "--max_tokens", "800", "--quiet")
+    assert done.returncode == 0, done.stderr
+    rows = read_jsonl(out)
+    assert [r["prompt_index"] for r in rows] == [0, 1, 2]
+    assert all(r["compression"]["strategy"] == "mask_observations" for r in rows)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = compress(str(empty), "--out", str(tmp_path / "x.jsonl"), "--max_tokens", "800")
+    assert refused.returncode == 2 and "has no trajectories.jsonl" in refused.stderr
+
+
+def test_a_torn_last_line_is_cut_off_and_the_record_redone(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [trajkit_record(i, steps=6) for i in range(5)])
+    out = tmp_path / "out.jsonl"
+    assert compress(str(source), "--out", str(out), "--max_tokens", "800", "--quiet").returncode == 0
+    complete = out.read_bytes()
+    lines = complete.splitlines(keepends=True)
+    out.write_bytes(b"".join(lines[:3]) + lines[3][:100])  # as a kill -9 mid-write would leave it
+    done = compress(str(source), "--out", str(out), "--max_tokens", "800", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == complete
+    assert "unfinished last line" in done.stderr
+
+
+def test_an_output_of_other_settings_is_not_resumed(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [trajkit_record(i, steps=6) for i in range(2)])
+    out = tmp_path / "out.jsonl"
+    assert compress(str(source), "--out", str(out), "--max_tokens", "800", "--quiet").returncode == 0
+    other = compress(str(source), "--out", str(out), "--max_tokens", "700", "--quiet")
+    assert other.returncode == 2 and "differs in: max_tokens" in other.stderr
+    over = compress(str(source), "--out", str(out), "--max_tokens", "700", "--quiet", "--overwrite")
+    assert over.returncode == 0
+    assert {r["compression"]["max_tokens"] for r in read_jsonl(out)} == {700}
+
+
+def test_a_bad_option_names_the_strategy_the_key_and_what_it_expects(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [trajkit_record(0)])
+    args = [str(source), "--out", str(tmp_path / "out.jsonl"), "--max_tokens", "800"]
+    bad = compress(*args, "--strategy", "summary", "--option", "keep_last=few")
+    assert bad.returncode == 2
+    assert "--option keep_last=few: strategy 'summary' expects keep_last to be int >= 0" in bad.stderr
+    unknown = compress(*args, "--strategy", "mask_observations", "--option", "keep=2")
+    assert "strategy 'mask_observations' has no setting 'keep' (its settings: keep_last," in unknown.stderr
+    shape = compress(*args, "--option", "keep_last")
+    assert "--option 'keep_last': expected KEY=VALUE" in shape.stderr
+    strategy = compress(*args, "--strategy", "squash")
+    assert "unknown strategy 'squash' (installed: mask_observations, pipeline, summary)" in strategy.stderr
+    assert not (tmp_path / "out.jsonl").exists()
