@@ -104,7 +104,8 @@ def test_the_first_tool_turn_late_in_the_conversation_is_kept(tmp_path: Path) ->
 
 def test_a_summariser_that_times_out_keeps_the_record_unchanged_and_flagged(tmp_path: Path) -> None:
     records = [trajkit_record(i, steps=10, parallel=2) for i in range(3)]
-    source = write_jsonl(tmp_path / "in.jsonl", records)
+    small = trajkit_record(3, steps=1, parallel=1)  # under budget: no model needed, not flagged
+    source = write_jsonl(tmp_path / "in.jsonl", [*records, small])
     out = tmp_path / "out.jsonl"
     with OpenAITestServer(summary_policy, latency=30.0) as server:
         done = compress(
@@ -122,12 +123,19 @@ def test_a_summariser_that_times_out_keeps_the_record_unchanged_and_flagged(tmp_
     assert done.returncode == 0, done.stderr
     assert "3 records could not be compressed and were kept unchanged" in done.stderr
     rows = read_jsonl(out)
-    assert [r["conversations"] for r in rows] == [r["conversations"] for r in records]
-    for row in rows:
+    assert [r["conversations"] for r in rows] == [r["conversations"] for r in [*records, small]]
+    for row in rows[:3]:
         assert row["compression"]["error"] == "timeout: not compressed within 1s"
         assert not row["compression"]["under_budget"] and not row["compression"]["compressed"]
+    assert rows[3]["compression"]["error"] is None and rows[3]["compression"]["under_budget"]
     metrics = json.loads((tmp_path / "out.jsonl.metrics.json").read_text())
-    assert metrics["flagged"] == 3
+    assert metrics["flagged"] == 3 and metrics["under_budget"] == 1
+
+    import datasets  # flagged and clean rows side by side still make one schema
+
+    loaded = datasets.load_dataset("json", data_files=str(out), split="train")
+    assert loaded["compression"][0]["error"] == "timeout: not compressed within 1s"
+    assert loaded["compression"][3]["error"] is None
 
 
 def _cached_summaries(path: Path) -> int:
