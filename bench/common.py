@@ -33,6 +33,8 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 NOOP_DIST = "trajkit-bench-noop"
 SOURCE: Path | None = None
 """Where ``trajkit`` is imported from, when not the repository (see :func:`use_source`)."""
+SERVER_SOURCE: Path | None = None
+"""Where the load server is imported from, when not from SOURCE (``--server-source``)."""
 NOOP_MODULE = "trajkit_bench_noop"
 
 
@@ -164,7 +166,7 @@ class LoadServer:
         self._cpu_mark = 0.0
 
     def __enter__(self) -> LoadServer:
-        env = {**os.environ, "PYTHONPATH": _pythonpath()}
+        env = {**os.environ, "PYTHONPATH": _pythonpath(*([SERVER_SOURCE] if SERVER_SOURCE else []))}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trajkit.testing.openai_server", *self.args],
             stdout=subprocess.PIPE,
@@ -239,11 +241,22 @@ def add_source_arg(parser: Any) -> None:
         help="import trajkit from this directory instead of the repository, e.g. a snapshot made with "
         "'mkdir -p /tmp/src && git archive HEAD trajkit | tar -x -C /tmp/src'",
     )
+    parser.add_argument(
+        "--server-source",
+        type=Path,
+        help="import the load server from this directory (default: as --source), to compare two "
+        "clients against the same server",
+    )
 
 
-def use_source(path: Path | None) -> None:
-    """Import ``trajkit`` from ``path`` here and in every child process started from now on."""
-    global SOURCE
+def use_source(path: Path | None, server: Path | None = None) -> None:
+    """Import ``trajkit`` from ``path`` here and in every child process started from now on
+    (the load server from ``server`` when given)."""
+    global SOURCE, SERVER_SOURCE
+    if server is not None:
+        SERVER_SOURCE = server.resolve()
+        if not (SERVER_SOURCE / "trajkit" / "testing" / "openai_server.py").is_file():
+            raise SystemExit(f"--server-source {server}: no trajkit.testing.openai_server there")
     if path is None:
         return
     SOURCE = path.resolve()

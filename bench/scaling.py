@@ -156,7 +156,7 @@ def run_one(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    common.use_source(args.source)
+    common.use_source(args.source, getattr(args, "server_source", None))
     nofile = common.raise_fd_limit()
     if nofile < 3 * max(args.inflight) + 256:
         print(f"warning: open-files limit {nofile} is low for {max(args.inflight)} sessions in flight")

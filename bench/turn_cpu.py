@@ -82,7 +82,7 @@ def measure(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    common.use_source(args.source)
+    common.use_source(args.source, getattr(args, "server_source", None))
     common.raise_fd_limit()
     turns_per_prompt = args.tool_calls + 1
     with tempfile.TemporaryDirectory(prefix="trajkit-bench-") as tmp:
