@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench import ledger_scale, sandbox_overhead, scaling, turn_cpu
+from bench import compress, ledger_scale, sandbox_overhead, scaling, turn_cpu
 
 BENCHMARKS = {
     "turn_cpu": turn_cpu.main,
     "scaling": scaling.main,
     "sandbox_overhead": sandbox_overhead.main,
     "ledger_scale": ledger_scale.main,
+    "compress": compress.main,
 }
 
 

@@ -178,9 +178,10 @@ class Compression:
         if before <= budget:
             return {**record, "compression": {**meta, "under_budget": True}}
         try:
-            outcome = await asyncio.wait_for(
-                self.job.compressor.compress(turns, budget, before), self.job.record_timeout
-            )
+            work = self.job.compressor.compress(turns, budget, before)
+            # Only a model can keep a record waiting; wait_for would cost a task per record.
+            uses_model = self.job.compressor.uses_model
+            outcome = await (asyncio.wait_for(work, self.job.record_timeout) if uses_model else work)
             found = problems(outcome.turns)
             if found and not problems(turns):
                 raise CompressError(f"the result would not be a valid trajectory: {found[0]}")

@@ -77,6 +77,7 @@ def fingerprint(source: Path, compressor: Compressor, counter: TokenCounter, bud
         "settings": compressor.settings.model_dump(mode="json"),
         "max_tokens": budget,
         "counter": counter.describe(),
+        "counter_settings": counter.settings.model_dump(mode="json"),
     }
 
 
@@ -206,6 +207,8 @@ def _client(host: PluginHost, flags: dict[str, Any]) -> tuple[ModelClient, list[
             "; ".join(f"--{'.'.join(map(str, e['loc'])) or 'api_key_file'}: {e['msg']}" for e in exc.errors())
         ) from None
     clients = host.model_clients
+    if config.model == "scripted":
+        log.warning("--model scripted: summaries are offline placeholders, for a dry run only")
     client_class = clients.get(config.model) or clients.get("openai")
     if client_class is None:
         raise SetupError(f"no model client serves {config.model!r} (installed: {', '.join(sorted(clients))})")
