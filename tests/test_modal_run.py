@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ def test_fifty_prompts_on_modal_with_paced_creation(tmp_path: Path) -> None:
     fake = modal_testing.FakeModal(tmp_path / "cloud")
     rate, burst = 25.0, 4
 
-    class FakeModalBackend(modal_backend.ModalBackend):  # type: ignore[misc,name-defined]
+    class FakeModalBackend(modal_backend.ModalBackend):  # type: ignore[name-defined]
         def __init__(self, options: Mapping[str, object] | None = None) -> None:
             super().__init__(options, sdk=fake)
 
@@ -35,7 +36,9 @@ def test_fifty_prompts_on_modal_with_paced_creation(tmp_path: Path) -> None:
             return [FakeModalBackend]
 
     host = load_plugins(blocked={"modal"}, extra=[("fake-modal", Plugin())])
-    rows = [{"prompt": f"task {i}", "image": "python:3.11-slim", "backend": "modal"} for i in range(50)]
+    rows: list[dict[str, Any] | str] = [
+        {"prompt": f"task {i}", "image": "python:3.11-slim", "backend": "modal"} for i in range(50)
+    ]
     dataset = write_jsonl(tmp_path / "p.jsonl", rows)
     with OpenAITestServer(dialect_policy) as server:
         config = RunConfig(
