@@ -8,6 +8,7 @@ then ``bash scripts/engines/docker.sh images``. Without them these tests skip, u
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import os
 import pathlib
@@ -370,6 +371,11 @@ def test_file_transfers_through_symlinks_stay_in_the_container(
             assert listing.stdout == "real/file\nthrough the link"
             await sandbox.write_file(f"rl{host_dir}/kept.txt", b"container")
             await sandbox.write_file("dl/new.txt", b"container")
+            await sandbox.exec("ln -s loop_b loop_a && ln -s loop_a loop_b", timeout=30)
+            for operation in (sandbox.read_file("loop_a"), sandbox.write_file("loop_a", b"x")):
+                with pytest.raises(OSError) as looped:
+                    await operation
+                assert looped.value.errno == errno.ELOOP
             inside = await sandbox.exec(f"cat {host_dir}/kept.txt; ls -a {host_dir}", timeout=30)
             assert inside.stdout.startswith("container")
             assert await sandbox.read_file(f"rl{host_dir}/kept.txt") == b"container"
