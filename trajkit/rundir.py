@@ -236,6 +236,9 @@ class RunLock:
 
     def release(self) -> None:
         if self.fd is not None:
+            # an emptied lock file: a finished run's directory is the same after every invocation
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, 0)
             os.close(self.fd)  # closing the only descriptor releases the flock
             self.fd = None
 
