@@ -41,6 +41,8 @@ def test_sessions_that_time_out_are_paid_for_and_held_to_max_cost(tmp_path: Path
     spent = stats["spent"]
     assert spent["requests"] >= 2 and spent["cost"] == PRICE * spent["requests"]  # ... but it was paid
     assert spent["prompt_tokens"] == 100 * spent["requests"]
+    shown = trajkit("stats", str(tmp_path / "r"))
+    assert f"| spent (every request, every invocation) | ${spent['cost']:,.4f} |" in shown.stdout
 
 
 def test_a_killed_invocation_s_spend_is_counted(tmp_path: Path) -> None:
