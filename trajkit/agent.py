@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from trajkit.model import AssistantMessage, Message, ModelClient, ToolCall, Usage
 from trajkit.sandbox import Sandbox, SandboxError, cap_text
@@ -39,6 +39,12 @@ class ConversationResult:
     invalid_tool_calls: int = 0
     """Calls to names that are no tool of the run at all (so have no column in tool_stats)."""
     finish_reason: str | None = None
+    client_tool_calls: list[ToolCall] = field(default_factory=list)
+    """Calls to :attr:`Session.client_tools` that ended the conversation, for the caller to run."""
+
+
+ToolStatus = Literal["running", "completed", "failed"]
+"""``running`` when a tool call starts, then ``completed`` or ``failed``."""
 
 
 @dataclass
@@ -57,6 +63,15 @@ class Session:
     max_turns: int = 10
     tool_timeout: float = 120.0
     tool_output_cap: int = 16 * 1024
+    client_tools: Sequence[dict[str, Any]] = ()
+    """Schemas of tools the caller runs itself (``trajkit serve``: the tools an API client sends).
+    They are offered beside :attr:`tools`; a turn that calls one ends the conversation with those
+    calls in :attr:`ConversationResult.client_tool_calls` (calls to the session's own tools in that
+    turn are dropped unrun, so the history the caller continues from stays well-formed)."""
+    on_reply: Callable[[AssistantMessage], None] | None = None
+    """Called with every model reply as it arrives (``trajkit serve`` streams from it)."""
+    on_tool: Callable[[ToolCall, ToolStatus], None] | None = None
+    """Called when a tool call starts (``running``) and when it ends (``completed``/``failed``)."""
 
 
 def _wire(message: AssistantMessage) -> Message:
@@ -70,18 +85,25 @@ def _wire(message: AssistantMessage) -> Message:
     return wire
 
 
-async def run_conversation(session: Session, prompt: str) -> ConversationResult:
+async def run_conversation(session: Session, prompt: str | Sequence[Message]) -> ConversationResult:
+    """Run the agent on ``prompt``: a user message, or a whole conversation so far (user, assistant
+    and tool messages, no system message: that is the session's) whose last turn it continues."""
     sent_system = "\n\n".join(p for p in (session.system_prompt, session.ephemeral_system_prompt) if p)
     head: list[Message] = [{"role": "system", "content": sent_system}] if sent_system else []
     head += list(session.prefill_messages)
     saved: list[Message] = (
         [{"role": "system", "content": session.system_prompt}] if session.system_prompt else []
     )
-    user: Message = {"role": "user", "content": prompt}
-    history: list[Message] = [user]  # what is both sent and saved
-    saved_history: list[Message] = [user]
-    schemas = [tool.schema() for tool in session.tools.values()]
-    call_ids: set[str] = set()
+    opening: list[Message] = (
+        [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    )
+    history: list[Message] = list(opening)  # what is both sent and saved
+    saved_history: list[Message] = list(opening)
+    schemas = [tool.schema() for tool in session.tools.values()] + list(session.client_tools)
+    client_names = {t["function"]["name"] for t in session.client_tools}
+    call_ids = {
+        c["id"] for m in opening for c in m.get("tool_calls") or () if isinstance(c, dict) and "id" in c
+    }
     result = ConversationResult(
         None, saved, 0, False, Usage(), {name: ToolStat() for name in session.known_tools}
     )
@@ -92,11 +114,21 @@ async def run_conversation(session: Session, prompt: str) -> ConversationResult:
         result.usage.add(reply.usage)
         result.finish_reason = reply.finish_reason
         _dedupe_call_ids(reply.tool_calls, result.api_calls, call_ids)
+        handed = [call for call in reply.tool_calls if call.name in client_names]
+        if handed:
+            reply.tool_calls = handed
+        if session.on_reply is not None:
+            session.on_reply(reply)
         history.append(_wire(reply))
         saved_history.append({**_wire(reply), "reasoning": reply.reasoning})
         if not reply.tool_calls:
             result.final_response = reply.content
             result.completed = reply.finish_reason != "length"  # an answer cut off is not complete
+            break
+        if handed:  # the caller runs these and continues the conversation itself
+            result.final_response = reply.content
+            result.client_tool_calls = handed
+            result.finish_reason = "tool_calls"
             break
         if len(reply.tool_calls) == 1:  # the common case, without gather's task per call
             outcomes = [await _call_tool(session, reply.tool_calls[0])]
@@ -136,6 +168,15 @@ def _count(result: ConversationResult, session: Session, name: str, ok: bool) ->
 
 
 async def _call_tool(session: Session, call: ToolCall) -> ToolOutcome:
+    if session.on_tool is None:
+        return await _run_tool(session, call)
+    session.on_tool(call, "running")
+    outcome = await _run_tool(session, call)
+    session.on_tool(call, "completed" if outcome.ok else "failed")
+    return outcome
+
+
+async def _run_tool(session: Session, call: ToolCall) -> ToolOutcome:
     tool = session.tools.get(call.name)
     if tool is None:
         offered = ", ".join(sorted(session.tools)) or "none"

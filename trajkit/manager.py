@@ -46,6 +46,7 @@ DEFAULT_PLUGINS = (
     "trajkit.plugins.report",
     "trajkit.plugins.compressors",
     "trajkit.plugins.token_counters",
+    "trajkit.plugins.serve",
 )
 
 # Backends that live in their own packages, so an unknown name can say what to install.

@@ -1,0 +1,204 @@
+"""``trajkit serve --record RUN_DIR``: every served session a trajectory in a run directory's ledger.
+
+The server holds the run directory as a run does (its lock, an invocation in ``run.json`` with
+what it spent), appends one record per finished session (the run's record schema, secrets
+scrubbed) and merges now and then, so ``status``, ``stats``, ``report``, ``export`` and
+``compress`` read served traffic like any run. A served session's identity is its conversation:
+the same conversation served twice is two occurrences of one prompt.
+
+Merging reads only closed ledger files: before each merge the writer is closed and a new one
+starts the next batch file, so the merge (on a thread) never reads a line being written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from trajkit import __version__
+from trajkit.agent import ConversationResult
+from trajkit.config import OUTPUT_AFFECTING, RunConfig
+from trajkit.dataset import PlannedRow, WorkItem, prompt_id
+from trajkit.filters import TrajectoryFilter
+from trajkit.finalize import merge_run, rejection
+from trajkit.hookspecs import RunInfo
+from trajkit.jsonutil import dumps_line
+from trajkit.ledger import LedgerIndex, LedgerWriter, Location, scan
+from trajkit.manager import PluginHost
+from trajkit.model import Message
+from trajkit.records import record_json
+from trajkit.rundir import Manifest, ManifestKeeper, RunIOError, RunLock
+from trajkit.secrets import Scrubber
+from trajkit.writers import OutputWriter
+
+log = logging.getLogger("trajkit")
+
+ACCOUNTS_INTERVAL = 5.0
+SERVED_BACKEND = "serve"
+"""Part of a served prompt's identity, so it never collides with a dataset row's."""
+
+
+class Recorder:
+    def __init__(
+        self,
+        config: RunConfig,
+        run_tools: list[str],
+        filters: list[TrajectoryFilter],
+        writers: list[OutputWriter],
+        scrubber: Scrubber,
+        merge_interval: float,
+    ) -> None:
+        self.config = config
+        self.run_dir: Path = config.run_dir
+        self.run_tools = run_tools
+        self.filters = filters
+        self.writers = writers
+        self.scrubber = scrubber
+        self.merge_interval = merge_interval
+        self.lock = RunLock(self.run_dir)
+        self.index = LedgerIndex()
+        self.occurrences: dict[str, int] = {}
+        self.recorded = 0
+        self.rejected = 0
+        self.unmerged = 0
+        self.started = datetime.now(UTC)
+        self.info = RunInfo(config.run_name, self.run_dir, config)
+        self.host: PluginHost | None = None
+        self.ledger: LedgerWriter
+        self.manifest: Manifest
+        self.keeper: ManifestKeeper | None = None
+        self.merger: asyncio.Task[None] | None = None
+        self.statistics: dict[str, Any] = {}
+        self.client_statistics: Callable[[], dict[str, Any]] = dict
+
+    def open(self, host: PluginHost, client_statistics: Callable[[], dict[str, Any]]) -> None:
+        """Take the run directory (one writer: a run or a server), note this invocation, scan the
+        ledger for what was recorded before. Must run on the server's event loop."""
+        self.host = host
+        self.client_statistics = client_statistics
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunIOError(self.run_dir, exc) from None
+        self.lock.acquire()
+        try:
+            self.manifest = Manifest(self.run_dir, self.config.run_name, __version__)
+            entry = {"started": self.started.isoformat(), "pending_at_start": 0, "served": True}
+            plugins = dict(sorted(host.sources.items()))
+            self.manifest.start(self.config.manifest(), plugins, entry, OUTPUT_AFFECTING)
+            self.index = scan(self.run_dir)
+        except BaseException:
+            self.lock.release()
+            raise
+        for done_prompt, occurrences in self.index.by_prompt.items():
+            self.occurrences[done_prompt] = max(occurrences) + 1
+        self.ledger = LedgerWriter(self.run_dir, self.config.batch_size)
+        self.keeper = ManifestKeeper(self.manifest, self._progress, ACCOUNTS_INTERVAL)
+        self.merger = asyncio.create_task(self._merge_now_and_then())
+
+    def record(
+        self,
+        result: ConversationResult,
+        conversation: list[Message],
+        toolsets: list[str],
+        tools_offered: list[str],
+        duration_s: float,
+        backend: str,
+        request_id: str,
+    ) -> None:
+        identity = prompt_id(dumps_line(conversation).decode(), None, None, SERVED_BACKEND)
+        occurrence = self.occurrences.get(identity, 0)
+        self.occurrences[identity] = occurrence + 1
+        index = len(self.index.records) + self.unmerged
+        record = record_json(
+            result, self.run_tools,
+            work_id=f"{identity}.{occurrence}", prompt_id=identity, prompt_index=index,
+            metadata={
+                "batch_num": self.ledger.next_batch_num(),
+                "timestamp": datetime.now(UTC).isoformat(),
+                "model": self.config.model,
+                "served": True,
+                "request_id": request_id,
+            },
+            toolsets_used=toolsets, tools_offered=tools_offered, duration_s=round(duration_s, 3),
+            attempt=1, backend=backend, image=None, digest=None,
+        )  # fmt: skip
+        record = self.scrubber.scrub(record)
+        if not self.ledger.append(record):
+            log.error(
+                "cannot record a served session: %s", RunIOError(self.ledger.path, self.ledger.error or "")
+            )
+        self.unmerged += 1
+        self.recorded += 1
+        reason = rejection(record, self.filters)
+        self.rejected += reason is not None
+        if self.host is not None:
+            self.host.trajectory_finished(self.info, record, reason)
+
+    def _progress(self) -> dict[str, Any]:
+        return {
+            "succeeded": self.recorded,
+            "failed": 0,
+            "secrets_scrubbed": self.scrubber.scrubbed,
+            "model_client": self.client_statistics(),
+        }
+
+    async def _merge_now_and_then(self) -> None:
+        while True:
+            await asyncio.sleep(self.merge_interval)
+            if self.unmerged:
+                try:
+                    await self.merge()
+                except (RunIOError, OSError) as exc:
+                    log.error("merging the recorded sessions failed: %s", exc)
+
+    async def merge(self) -> dict[str, Any]:
+        """Close the ledger file being written, start the next, merge everything recorded so far."""
+        closing, self.ledger = self.ledger, LedgerWriter(self.run_dir, self.config.batch_size)
+        await asyncio.to_thread(closing.close)
+        self.index = scan(self.run_dir, self.index)
+        self.unmerged = 0
+        ordered = sorted(self.index.records.items(), key=lambda pair: (pair[1].file, pair[1].offset))
+        paired: list[tuple[WorkItem, Location | None]] = [
+            (_work_item(position, work_id), location) for position, (work_id, location) in enumerate(ordered)
+        ]
+        manifest = copy.deepcopy(self.manifest.data)
+        self.statistics = await asyncio.to_thread(
+            merge_run, self.run_dir, paired, self.index, self.filters, self.writers, self.run_tools, manifest
+        )
+        return self.statistics
+
+    async def close(self) -> None:
+        """Final merge, the invocation's end in ``run.json``, the lock released."""
+        try:
+            if self.merger is not None:
+                self.merger.cancel()
+                await asyncio.gather(self.merger, return_exceptions=True)
+            if self.keeper is not None:
+                await self.keeper.stop()
+            ended = datetime.now(UTC)
+            self.manifest.update(
+                ended=ended.isoformat(),
+                wall_seconds=round((ended - self.started).total_seconds(), 3),
+                stop_reason=None,
+                **self._progress(),
+            )
+            statistics = await self.merge()
+            if self.host is not None:
+                self.host.run_end(self.info, statistics)
+        finally:
+            self.lock.release()
+
+
+def _work_item(position: int, work_id: str) -> WorkItem:
+    """A served record as the merge sees a dataset row: its position in serving order."""
+    identity, _, occurrence = work_id.rpartition(".")
+    row = PlannedRow(prompt="", image=None, cwd=None, backend=SERVED_BACKEND, extra=None)
+    return WorkItem(
+        index=position, line=position + 1, row=row, prompt_id=identity, occurrence=int(occurrence)
+    )

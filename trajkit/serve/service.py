@@ -1,0 +1,252 @@
+"""The agent behind the API: one model client and one sandbox backend for the server's life, a
+fresh sandbox and session per request, every finished session handed to the recorder.
+
+Per-request sampling fields reach the model through :data:`REQUEST_PARAMS`: the model client
+interface takes no per-call parameters, so the OpenAI-compatible client's transport is wrapped
+once to merge them into each request body of the session that set them (a context variable
+follows the session's task and nothing else).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trajkit.agent import ConversationResult, Session, ToolStatus, run_conversation
+from trajkit.config import RunConfig
+from trajkit.manager import PluginHost
+from trajkit.model import AssistantMessage, Message, ModelClient, ToolCall
+from trajkit.runner import Runner
+from trajkit.sandbox import Sandbox, SandboxBackend, SandboxSpec
+from trajkit.secrets import Scrubber, environment_secrets
+from trajkit.serve.protocol import ChatRequest, ProtocolError
+from trajkit.serve.recorder import Recorder
+from trajkit.serve.settings import ServeSettings
+
+log = logging.getLogger("trajkit")
+
+REQUEST_PARAMS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("trajkit_request_params")
+"""Sampling fields of the request being served (``max_tokens``, ``temperature``, ``top_p``, ...)."""
+
+
+class ParamsTransport:
+    """Wraps a model client's transport: each posted body takes the serving request's fields."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def post(self, body: dict[str, Any]) -> bytes:
+        params = REQUEST_PARAMS.get(None)
+        result: bytes = await self.inner.post({**body, **params} if params else body)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def takes_request_params(client: ModelClient) -> bool:
+    """Install :class:`ParamsTransport` on a client that posts request bodies (the OpenAI-compatible
+    one); False for a client without one (the offline scripted model has no sampling to set)."""
+    transport = getattr(client, "transport", None)
+    if transport is None or not callable(getattr(transport, "post", None)):
+        return False
+    if not isinstance(transport, ParamsTransport):
+        client.transport = ParamsTransport(transport)  # type: ignore[attr-defined]
+    return True
+
+
+@dataclass
+class Served:
+    """A finished session and what the response needs besides it."""
+
+    result: ConversationResult
+    reasoning: list[str]
+
+
+class ServedAgent:
+    """Everything the routes need to answer a chat completion."""
+
+    def __init__(self, config: RunConfig, settings: ServeSettings, host: PluginHost) -> None:
+        self.config = config
+        self.settings = settings
+        self.host = host
+        plan = Runner(config, host)  # the run's own resolution of distribution, filters and writers
+        self.distribution = plan.distribution
+        self.client_class = plan.client_class
+        toolsets = settings.toolsets or sorted(self.distribution.probabilities)
+        unknown = sorted(set(toolsets) - set(host.toolsets))
+        if unknown:
+            raise ValueError(f"unknown toolsets {unknown}; available: {sorted(host.toolsets)}")
+        self.run_tools = sorted(t.name for ts in toolsets for t in host.toolsets[ts].tools)
+        self.run_id = f"serve-{os.getpid()}-{int(time.time())}"
+        self.scrubber = Scrubber([*config.secret_values(), *environment_secrets()])
+        if settings.key():
+            self.scrubber = Scrubber([*self.scrubber.secrets, settings.key() or ""])
+        self.recorder = (
+            Recorder(
+                config, self.run_tools, plan.filters, plan.writers, self.scrubber, settings.merge_interval
+            )
+            if settings.record is not None
+            else None
+        )
+        self.client: ModelClient
+        self.backend: SandboxBackend
+        self.params_apply = False
+
+    async def start(self) -> None:
+        """Check the endpoint, start the backend (clearing what dead servers left), open the run."""
+        self.client = self.client_class.from_config(self.config)
+        await self.client.check()
+        self.params_apply = takes_request_params(self.client)
+        backend_class = self.host.backend(self.config.sandbox)
+        self.backend = backend_class(self.config.sandbox_options.get(self.config.sandbox, {}))
+        reaped = await self.backend.reap()
+        if reaped:
+            log.info("%s: removed %d sandboxes left behind earlier", self.config.sandbox, reaped)
+        if self.recorder is not None:
+            self.recorder.open(self.host, self.client.statistics)
+
+    async def stop(self) -> None:
+        try:
+            if self.recorder is not None:
+                await self.recorder.close()
+        finally:
+            await self.client.aclose()
+            await self.backend.reap(self.run_id)
+            await self.backend.aclose()
+
+    def check_client_tools(self, request: ChatRequest) -> list[dict[str, Any]]:
+        schemas = [tool.model_dump() for tool in request.tools or []]
+        clash = sorted({s["function"]["name"] for s in schemas} & set(self.host.tools))
+        if clash:
+            raise ProtocolError(
+                400, f"tools: {', '.join(clash)} is the name of an agent tool; rename the client's tool",
+                param="tools",
+            )  # fmt: skip
+        return schemas
+
+    async def housekeeping(self, request: ChatRequest, messages: list[Message]) -> AssistantMessage:
+        """A chat UI's own request (a title, tags, follow-ups): one plain model call, no tools."""
+        token = REQUEST_PARAMS.set(request.model_params())
+        try:
+            return await self.client.complete(messages, [])
+        finally:
+            REQUEST_PARAMS.reset(token)
+
+    async def run(
+        self,
+        request: ChatRequest,
+        system: str | None,
+        conversation: list[Message],
+        on_reply: Callable[[AssistantMessage], None] | None = None,
+        on_tool: Callable[[ToolCall, ToolStatus], None] | None = None,
+    ) -> Served:
+        """One agent session in a fresh sandbox, closed however the session ends (cancelled too)."""
+        client_tools = self.check_client_tools(request)
+        request_id = uuid.uuid4().hex[:16]
+        toolsets = self.settings.toolsets or self.distribution.sample(random.Random(request_id))
+        tools = {t.name: t for name in toolsets for t in self.host.toolsets[name].tools}
+        reasoning: list[str] = []
+
+        def replied(reply: AssistantMessage) -> None:
+            text = reply_reasoning(reply)
+            if text:
+                reasoning.append(text)
+            if on_reply is not None:
+                on_reply(reply)
+
+        started = time.monotonic()
+        spec = SandboxSpec(
+            run_id=self.run_id,
+            work_id=request_id,
+            lifetime=min(self.config.sandbox_lifetime, self.settings.request_timeout + 120),
+        )
+        token = REQUEST_PARAMS.set(request.model_params())
+        try:
+            sandbox = await self.backend.create(spec)
+            try:
+                session = self._session(sandbox, tools, system, client_tools, replied, on_tool)
+                result = await run_conversation(session, conversation)
+            finally:
+                await _close(sandbox)
+        finally:
+            REQUEST_PARAMS.reset(token)
+        if self.recorder is not None:
+            self.recorder.record(
+                result, conversation, sorted(toolsets), sorted(tools), time.monotonic() - started,
+                self.config.sandbox, request_id,
+            )  # fmt: skip
+        return Served(result, reasoning)
+
+    def _session(
+        self,
+        sandbox: Sandbox,
+        tools: dict[str, Any],
+        system: str | None,
+        client_tools: Sequence[dict[str, Any]],
+        on_reply: Callable[[AssistantMessage], None],
+        on_tool: Callable[[ToolCall, ToolStatus], None] | None,
+    ) -> Session:
+        config = self.config
+        return Session(
+            client=self.client,
+            sandbox=sandbox,
+            tools=tools,
+            known_tools=frozenset(self.run_tools),
+            system_prompt=system if system is not None else config.system_prompt,
+            ephemeral_system_prompt=config.ephemeral_system_prompt,
+            prefill_messages=config.prefill_messages,
+            max_turns=config.max_turns,
+            tool_timeout=config.tool_timeout,
+            tool_output_cap=config.tool_output_cap,
+            client_tools=client_tools,
+            on_reply=on_reply,
+            on_tool=on_tool,
+        )
+
+
+async def _close(sandbox: Sandbox) -> None:
+    """Close the sandbox even when the session was cancelled (a client that went away): the close
+    runs to its end before the cancellation goes on."""
+    closing = asyncio.ensure_future(sandbox.close())
+    try:
+        await asyncio.shield(closing)
+    except asyncio.CancelledError:
+        await closing
+        raise
+
+
+def reply_reasoning(reply: AssistantMessage) -> str:
+    """A turn's reasoning as the client sees it; what a model says beside its tool calls is part of
+    its working, not of the answer, so it travels with the reasoning."""
+    text = reply.reasoning or ""
+    if reply.tool_calls and reply.content:
+        text = f"{text}\n\n{reply.content}" if text else reply.content
+    return text
+
+
+LABEL_KEYS = ("command", "path", "pattern", "query", "code", "url")
+
+
+def tool_label(call: ToolCall, limit: int = 80) -> str:
+    """A short line saying what a call does: ``terminal: ls -la``."""
+    try:
+        arguments = json.loads(call.arguments) if call.arguments.strip() else {}
+    except ValueError:
+        arguments = {}
+    detail = ""
+    if isinstance(arguments, dict):
+        values = [arguments.get(key) for key in LABEL_KEYS] + list(arguments.values())
+        detail = next((v for v in values if isinstance(v, str) and v.strip()), "")
+    detail = " ".join(detail.split())
+    label = f"{call.name}: {detail}" if detail else call.name
+    return label if len(label) <= limit else label[: limit - 1] + "…"

@@ -1,0 +1,111 @@
+"""What ``trajkit serve`` adds to the run configuration: the listener, its safety limits, recording."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+KEY_VARIABLE = "TRAJKIT_SERVER_KEY"
+MIN_KEY_LENGTH = 16
+"""Shorter keys are accepted on loopback with a warning; a public listener needs a real one."""
+
+
+class ServerKeyError(ValueError):
+    """The server key cannot be used, or a listener would be open to the network without one."""
+
+
+class ServeSettings(BaseModel):
+    """Every setting of ``trajkit serve`` that ``trajkit run`` does not have."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(8642, ge=0, le=65535)
+    server_key: SecretStr | None = None
+    cors_origins: list[str] = []
+    """Exact ``scheme://host[:port]`` origins a browser page may call from; none: CORS off."""
+    max_concurrent: int = Field(16, ge=1)
+    """Chat completions in flight at once; more are answered 429 with ``Retry-After``."""
+    request_timeout: float = Field(600.0, gt=0)
+    """Seconds one chat completion may take, agent session and sandbox included."""
+    max_body_bytes: int = Field(4 << 20, ge=1024)
+    record: Path | None = None
+    """A run directory whose ledger receives every served session."""
+    tool_progress: Literal["off", "sse", "inline"] = "sse"
+    housekeeping: Literal["on", "off"] = "on"
+    toolsets: list[str] = []
+    """Fixed toolsets for every request; empty: sample the run's distribution per request."""
+    keepalive: float = Field(15.0, gt=0)
+    """Seconds of silence on a stream before a keepalive comment is sent."""
+    merge_interval: float = Field(60.0, gt=0)
+    """Seconds between merges of the recorded run directory (when something new was recorded)."""
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _exact_origins(cls, origins: list[str]) -> list[str]:
+        for origin in origins:
+            scheme, sep, rest = origin.partition("://")
+            if origin == "*" or not sep or scheme not in ("http", "https") or not rest or "/" in rest:
+                raise ValueError(
+                    f"{origin!r}: give exact origins like https://chat.example.com (no '*', no path)"
+                )
+        return origins
+
+    def key(self) -> str | None:
+        return self.server_key.get_secret_value() if self.server_key is not None else None
+
+
+def read_server_key(path: Path | None) -> str | None:
+    """The key from ``--server_key_file``, else ``$TRAJKIT_SERVER_KEY``, else None; never echoed."""
+    if path is not None:
+        try:
+            key = path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ServerKeyError(f"--server_key_file {path}: cannot be read ({type(exc).__name__})") from None
+        if not key:
+            raise ServerKeyError(f"--server_key_file {path} is empty")
+    else:
+        key = os.environ.get(KEY_VARIABLE, "").strip()
+        if not key:
+            return None
+    if not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
+        raise ServerKeyError("the server key must be printable ASCII without whitespace")
+    return key
+
+
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(settings: ServeSettings) -> str | None:
+    """Raise when the listener would be reachable from the network without a usable key; return a
+    warning to log for what is allowed but weak (no key, or a short one, on loopback)."""
+    key = settings.key()
+    if not loopback(settings.host):
+        if key is None:
+            raise ServerKeyError(
+                f"refusing to listen on {settings.host} without a key: set ${KEY_VARIABLE} or "
+                "--server_key_file (or listen on 127.0.0.1)"
+            )
+        if len(key) < MIN_KEY_LENGTH:
+            raise ServerKeyError(
+                f"refusing to listen on {settings.host} with a key of fewer than {MIN_KEY_LENGTH} characters"
+            )
+        return None
+    if key is None:
+        return (
+            f"no server key (${KEY_VARIABLE} or --server_key_file): any process of this machine may use "
+            "the agent and its sandboxes"
+        )
+    if len(key) < MIN_KEY_LENGTH:
+        return f"the server key is shorter than {MIN_KEY_LENGTH} characters"
+    return None
