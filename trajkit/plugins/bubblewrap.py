@@ -1,7 +1,8 @@
 """The bubblewrap command line that isolates one command of a local sandbox.
 
-What the command gets: the host's directories read-only, the prompt's directory writable at the
-row's ``cwd`` (so no host path reaches the data), private /tmp, /var/tmp, /run and /dev, its own
+What the command gets: the host's directories read-only but for the home directories (where keys
+and credentials live: hidden), the prompt's directory writable at the row's ``cwd`` (so no host
+path reaches the data), private /tmp, /var/tmp, /run and /dev, its own
 /proc of its own PID namespace (the runner's processes, environment and command line are not there,
 and everything it starts dies with it: ``--die-with-parent`` even after ``kill -9`` of the runner),
 no network, and no way to the host's services: every unix socket listening on a host path is
@@ -54,6 +55,9 @@ class Bubblewrap:
         for directory in PRIVATE_DIRS:
             if not _under(cwd, directory) and (directory.count("/") == 1 or os.path.isdir(directory)):
                 argv += ["--tmpfs", directory]
+        for home in _homes():  # keys, tokens and credentials live there (the runner's own included)
+            if not _under(home, cwd):
+                argv += ["--tmpfs", home]
         if not any(_under(self.sandbox_root, d) for d in (*PRIVATE_DIRS, "/dev")):
             argv += ["--tmpfs", self.sandbox_root]
         for socket in self._host_sockets():
@@ -102,6 +106,12 @@ def works() -> str | None:
     if done.returncode != 0:
         return f"bubblewrap cannot create namespaces here: {done.stderr.decode(errors='replace').strip()}"
     return None
+
+
+def _homes() -> list[str]:
+    """The host's home directories, hidden from every sandbox behind an empty tmpfs."""
+    found = {"/root", "/home", os.path.expanduser("~")}
+    return sorted(path for path in found if path != "/" and os.path.isdir(path) and not os.path.islink(path))
 
 
 def _under(path: str, directory: str) -> bool:

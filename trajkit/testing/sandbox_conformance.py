@@ -155,6 +155,17 @@ class HostileConformance:
                 assert canary.encode() not in await _read_or_refused(sb, "env_link")
                 if not getattr(harness, "isolated", True):
                     return
+                home_key = os.path.expanduser("~/.trajkit-conformance-key")
+                if os.access(os.path.dirname(home_key), os.W_OK):
+                    with open(home_key, "w") as handle:
+                        handle.write(canary)
+                    try:
+                        found = await sb.exec(
+                            f"cat {home_key} 2>/dev/null; ls ~ /root /home 2>/dev/null", timeout=30
+                        )
+                    finally:
+                        os.unlink(home_key)
+                    assert canary not in found.stdout and ".trajkit-conformance-key" not in found.stdout
                 listing = await sb.exec(
                     "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline; echo; done 2>/dev/null | tr '\\0' ' '",
                     timeout=60,
