@@ -43,7 +43,7 @@ ABORT_GRACE = 5.0
 MAX_SYMLINKS = 16
 """Symlinks one file operation follows; a loop or a long chain ends in ELOOP."""
 FILE_TIMEOUT = 60.0
-"""Seconds for the in-container part of a file read (the tail of a large file)."""
+"""Seconds for the in-container part of a file read (the head or the tail of a large file)."""
 
 # Kills, by SIGKILL, every process of the container that descends from its PID 1 other than PID 1
 # itself: what a command left running in a session of its own (`setsid daemon &`) is reparented to
