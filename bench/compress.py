@@ -99,6 +99,7 @@ def measure_mask(args: argparse.Namespace, work: Path, count: int) -> dict[str, 
         "wall_s": round(measured.wall_s, 2),
         "cpu_s": round(measured.cpu_s, 2),
         "records_per_s": round(count / measured.wall_s),
+        "records_per_cpu_s": round(count / measured.cpu_s),
         "peak_rss_mib": common.mib(measured.max_rss),
         "under_budget": metrics["under_budget"],
         "over_budget_before": metrics["over_budget_before"],
@@ -210,12 +211,22 @@ def render(mask_rows: list[dict[str, Any]], summary_rows: list[dict[str, Any]]) 
                 r["wall_s"],
                 f"{r['records_per_s']:,}",
                 r["cpu_s"],
+                f"{r['records_per_cpu_s']:,}",
                 r["peak_rss_mib"],
                 f"{r['under_budget']:,} / {r['over_budget_before']:,}",
             )
             for r in mask_rows
         ],
-        ("records", "input MiB", "wall s", "records/s", "CPU s", "peak RSS MiB", "under budget / were over"),
+        (
+            "records",
+            "input MiB",
+            "wall s",
+            "records/s",
+            "CPU s",
+            "records per CPU s",
+            "peak RSS MiB",
+            "under budget / were over",
+        ),
     )
     summary = common.table(
         [

@@ -85,11 +85,7 @@ def check_output(output: Path, source: Path, state: dict[str, Any], overwrite: b
     if output.resolve() == source.resolve():
         raise SetupError("--out must not be the input file")
     state_file = sidecar(output, STATE_SUFFIX)
-    if overwrite:
-        output.unlink(missing_ok=True)
-        state_file.unlink(missing_ok=True)
-        return
-    if not output.exists() or output.stat().st_size == 0:
+    if overwrite or not output.exists() or output.stat().st_size == 0:
         return
     try:
         previous = json.loads(state_file.read_text())
@@ -114,6 +110,7 @@ class Prepared:
     client: ModelClient | None
     model: str
     quiet: bool
+    overwrite: bool = False
     errors: tuple[type[Exception], ...] = (CompressError, ModelError, RunIOError, OSError)
     metrics: Metrics = field(default_factory=Metrics)
 
@@ -123,6 +120,8 @@ class Prepared:
         output = self.job.output
         output.parent.mkdir(parents=True, exist_ok=True)
         with output_lock(output):
+            if self.overwrite:  # only now: another invocation may be writing it until the lock is ours
+                output.unlink(missing_ok=True)
             write_json_atomic(sidecar(output, STATE_SUFFIX), self.state)
             cache = None
             try:
@@ -172,7 +171,7 @@ def prepare(host: PluginHost, flags: dict[str, Any]) -> Prepared:
         record_timeout=flags["record_timeout"],
         scrubber=scrubber,
     )
-    return Prepared(job, state, client, flags["model"], flags["quiet"])
+    return Prepared(job, state, client, flags["model"], flags["quiet"], flags["overwrite"])
 
 
 def _build_compressor(
