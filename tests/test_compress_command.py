@@ -287,3 +287,28 @@ def test_a_bad_option_names_the_strategy_the_key_and_what_it_expects(tmp_path: P
     strategy = compress(*args, "--strategy", "squash")
     assert "unknown strategy 'squash' (installed: mask_observations, pipeline, summary)" in strategy.stderr
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_failing_summariser_keeps_the_record_and_its_error_never_shows_the_key(tmp_path: Path) -> None:
+    key = "sk-compress-test-0123456789abcdef"
+
+    def refusing(body: dict[str, Any]) -> dict[str, Any]:
+        return {"_status": 400, "_error": f"this request cannot be served (key {key})"}
+
+    records = [trajkit_record(i, steps=10, parallel=2) for i in range(2)]
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    key_file = tmp_path / "key"
+    key_file.write_text(key)
+    out = tmp_path / "out.jsonl"
+    with OpenAITestServer(refusing, api_key=key) as server:
+        done = compress(
+            str(source), "--out", str(out), "--max_tokens", "1500", "--strategy", "summary",
+            "--api_key_file", str(key_file), server=server,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = read_jsonl(out)
+    assert [r["conversations"] for r in rows] == [r["conversations"] for r in records]
+    for row in rows:
+        error = row["compression"]["error"]
+        assert error.startswith("ModelConfigError: ") and "[REDACTED]" in error
+    assert key not in out.read_text() + done.stderr + done.stdout
