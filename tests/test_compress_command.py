@@ -65,6 +65,7 @@ def test_summaries_through_the_server_keep_parallel_calls_whole_and_load_in_data
     assert requests == sum(r["compression"]["requests"] for r in rows)
     metrics = json.loads((tmp_path / "out.jsonl.metrics.json").read_text())
     assert metrics["records"] == 7 and metrics["under_budget"] == 7 and metrics["requests"] == requests
+    assert metrics["spent"]["requests"] == requests  # as the model client counted them
 
     import datasets
 

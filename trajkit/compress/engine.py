@@ -102,11 +102,10 @@ def output_lock(output: Path) -> Iterator[None]:
         yield
 
 
-def resume_point(output: Path) -> tuple[int, Metrics]:
-    """Complete records already in ``output`` and their metrics; a torn last line is cut off."""
-    metrics = Metrics()
+def resume_point(output: Path, metrics: Metrics) -> int:
+    """Complete records already in ``output``, counted into ``metrics``; a torn last line is cut off."""
     if not output.exists():
-        return 0, metrics
+        return 0
     with output.open("r+b") as handle:
         good = 0
         for line in handle:
@@ -120,7 +119,7 @@ def resume_point(output: Path) -> tuple[int, Metrics]:
         if good < handle.seek(0, os.SEEK_END):
             log.warning("%s: an unfinished last line (left by a killed run) is cut off", output)
             handle.truncate(good)
-    return metrics.records, metrics
+    return metrics.records
 
 
 class Compression:
@@ -135,8 +134,11 @@ class Compression:
             "counter": job.counter.describe(),
         }
 
-    async def run(self) -> Metrics:
-        done, metrics = resume_point(self.job.output)
+    async def run(self, metrics: Metrics | None = None) -> Metrics:
+        """Compress what is left; ``metrics`` (filled in here) is the caller's, so what was counted
+        before a failure is still there to report."""
+        metrics = metrics if metrics is not None else Metrics()
+        done = resume_point(self.job.output, metrics)
         if done:
             log.info("%s: %d records already done, continuing after them", self.job.output, done)
         source = Source(self.job.source, done, metrics)

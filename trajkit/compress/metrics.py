@@ -30,6 +30,8 @@ class Metrics:
     requests: int = 0
     cost: float = 0.0
     invalid_lines: int = 0
+    spent: dict[str, float] | None = None
+    """What this invocation's model client paid for (requests, tokens, cost); None without a model."""
     reductions: list[int] = field(default_factory=lambda: [0] * 101)
     """reductions[p]: compressed records whose token count fell by p percent."""
 
@@ -87,6 +89,13 @@ class Metrics:
             ("summary requests (paid)", str(self.requests)),
             ("cost", f"${self.cost:.4f}"),
         ]
+        if self.spent is not None:
+            rows.append(
+                (
+                    "paid by this invocation",
+                    f"{int(self.spent['requests'])} requests, ${float(self.spent['cost']):.4f}",
+                )
+            )
         if self.invalid_lines:
             rows.append(("input lines skipped (not JSON records)", str(self.invalid_lines)))
         return rows

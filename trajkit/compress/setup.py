@@ -124,15 +124,19 @@ class Prepared:
                 output.unlink(missing_ok=True)
             write_json_atomic(sidecar(output, STATE_SUFFIX), self.state)
             cache = None
+            metrics = Metrics()
             try:
                 if self.client is not None:
                     cache = self._summariser()
                     await self.client.check()
                 display = Display(self.job.source, quiet=self.quiet)
                 with display:
-                    metrics = await Compression(self.job, display.update).run()
+                    metrics = await Compression(self.job, display.update).run(metrics)
             finally:
                 if self.client is not None:
+                    # What this invocation paid, failed and cut-short summaries included: the
+                    # records' own figures count only the summaries they kept.
+                    metrics.spent = _spent(self.client.statistics())
                     await self.client.aclose()
                 if cache is not None:
                     cache.close()
@@ -148,6 +152,13 @@ class Prepared:
         cache = SummaryCache(sidecar(self.job.output, CACHE_SUFFIX))
         self.job.compressor.context.summarize = Summarizer(self.client, self.model, cache)
         return cache
+
+
+def _spent(statistics: dict[str, Any]) -> dict[str, float] | None:
+    """None for a client that counts nothing (the offline scripted model)."""
+    if not statistics:
+        return None
+    return {key: statistics.get(key, 0) for key in ("requests", "prompt_tokens", "completion_tokens", "cost")}
 
 
 def prepare(host: PluginHost, flags: dict[str, Any]) -> Prepared:
