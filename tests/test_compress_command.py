@@ -313,3 +313,24 @@ def test_a_failing_summariser_keeps_the_record_and_its_error_never_shows_the_key
         error = row["compression"]["error"]
         assert error.startswith("ModelConfigError: ") and "[REDACTED]" in error
     assert key not in out.read_text() + done.stderr + done.stdout
+
+
+def test_an_input_that_changed_under_a_resume_is_refused_and_one_that_grew_is_continued(
+    tmp_path: Path,
+) -> None:
+    records = [trajkit_record(i, steps=6) for i in range(5)]
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out.jsonl"
+    args = [str(source), "--out", str(out), "--max_tokens", "800", "--quiet"]
+    assert compress(*args).returncode == 0
+
+    write_jsonl(source, [*records, trajkit_record(5, steps=6)])  # grew at the end: continued
+    grown = compress(*args)
+    assert grown.returncode == 0, grown.stderr
+    assert [r["prompt_index"] for r in read_jsonl(out)] == list(range(6))
+
+    write_jsonl(source, [records[0], trajkit_record(7, steps=6), *records[1:]])  # a record inserted
+    changed = compress(*args)
+    assert changed.returncode == 1
+    assert "are not those the output was made from: the input changed since" in changed.stderr
+    assert [r["prompt_index"] for r in read_jsonl(out)] == list(range(6))  # left as it was

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import logging
 import os
 from collections import deque
@@ -57,15 +58,23 @@ class Job:
 
 @dataclass
 class Source:
-    """Input records after the first ``skip`` ones, and how far through the file reading is."""
+    """Input records after the first ``skip`` ones, and how far through the file reading is.
+
+    Each record comes with a hash of its line, which its output record keeps: a resume checks
+    that the records it skips are the ones the output holds, so an input that changed meanwhile
+    (a run merged again, with new trajectories in dataset order) is refused, not misaligned.
+    """
 
     path: Path
     skip: int
     metrics: Metrics
+    done_digest: str = ""
+    """The digest of the input hashes of the records already in the output, in order."""
     position: int = 0
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[tuple[dict[str, Any], str]]:
         seen = 0
+        digest = hashlib.blake2b(digest_size=16)
         with self.path.open("rb") as lines:
             for number, line in enumerate(lines, 1):
                 self.position += len(line)
@@ -78,8 +87,29 @@ class Source:
                     log.warning("%s:%d: not a JSON object, skipped", self.path, number)
                     continue
                 seen += 1
-                if seen > self.skip:
-                    yield record
+                hashed = line_hash(line)
+                if seen <= self.skip:
+                    digest.update(hashed.encode())
+                    if seen == self.skip:
+                        self._check(digest.hexdigest())
+                    continue
+                yield record, hashed
+        if seen < self.skip:
+            raise CompressError(
+                f"{self.path} holds {seen} records but the output already {self.skip}: the input changed; "
+                "pass --overwrite to start again"
+            )
+
+    def _check(self, found: str) -> None:
+        if found != self.done_digest:
+            raise CompressError(
+                f"the first {self.skip} records of {self.path} are not those the output was made from: "
+                "the input changed since; pass --overwrite to start again"
+            )
+
+
+def line_hash(line: bytes) -> str:
+    return hashlib.blake2b(line.rstrip(b"\r\n"), digest_size=12).hexdigest()
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:
@@ -102,10 +132,12 @@ def output_lock(output: Path) -> Iterator[None]:
         yield
 
 
-def resume_point(output: Path, metrics: Metrics) -> int:
-    """Complete records already in ``output``, counted into ``metrics``; a torn last line is cut off."""
+def resume_point(output: Path, metrics: Metrics) -> tuple[int, str]:
+    """Complete records already in ``output``, counted into ``metrics``, and the digest of their
+    input hashes (see :class:`Source`); a torn last line is cut off."""
+    digest = hashlib.blake2b(digest_size=16)
     if not output.exists():
-        return 0
+        return 0, digest.hexdigest()
     with output.open("r+b") as handle:
         good = 0
         for line in handle:
@@ -114,12 +146,14 @@ def resume_point(output: Path, metrics: Metrics) -> int:
             record = _parse(line)
             if record is None:
                 break
-            metrics.add(record.get("compression") or {})
+            meta = record.get("compression") or {}
+            metrics.add(meta)
+            digest.update(str(meta.get("input_hash")).encode())
             good += len(line)
         if good < handle.seek(0, os.SEEK_END):
             log.warning("%s: an unfinished last line (left by a killed run) is cut off", output)
             handle.truncate(good)
-    return metrics.records
+    return metrics.records, digest.hexdigest()
 
 
 class Compression:
@@ -138,10 +172,10 @@ class Compression:
         """Compress what is left; ``metrics`` (filled in here) is the caller's, so what was counted
         before a failure is still there to report."""
         metrics = metrics if metrics is not None else Metrics()
-        done = resume_point(self.job.output, metrics)
+        done, digest = resume_point(self.job.output, metrics)
         if done:
             log.info("%s: %d records already done, continuing after them", self.job.output, done)
-        source = Source(self.job.source, done, metrics)
+        source = Source(self.job.source, done, metrics, digest)
         with open(self.job.output, "ab", buffering=0) as out:
             async for record in self._results(source):
                 _write(out, dumps_line(record))
@@ -152,13 +186,13 @@ class Compression:
     async def _results(self, source: Source) -> AsyncIterator[dict[str, Any]]:
         """Compressed records in input order, at most ``concurrency`` in flight."""
         if not self.job.compressor.uses_model:
-            for record in source:  # nothing to wait for: no tasks, no reordering
-                yield await self.process(record)
+            for record, hashed in source:  # nothing to wait for: no tasks, no reordering
+                yield await self.process(record, hashed)
             return
         window: deque[asyncio.Task[dict[str, Any]]] = deque()
         try:
-            for record in source:
-                window.append(asyncio.create_task(self.process(record)))
+            for record, hashed in source:
+                window.append(asyncio.create_task(self.process(record, hashed)))
                 while len(window) >= self.job.concurrency or (window and window[0].done()):
                     yield await window.popleft()
             while window:
@@ -167,11 +201,11 @@ class Compression:
             for task in window:
                 task.cancel()
 
-    async def process(self, record: dict[str, Any]) -> dict[str, Any]:
+    async def process(self, record: dict[str, Any], input_hash: str = "") -> dict[str, Any]:
         """The record with its conversation compressed and its ``compression`` metadata set."""
         turns = record["conversations"]
         budget = self.job.budget
-        meta = {**self.meta_base, "tokens_before": 0, "tokens_after": 0, **_EMPTY}
+        meta = {**self.meta_base, "tokens_before": 0, "tokens_after": 0, **_EMPTY, "input_hash": input_hash}
         try:
             before = self.job.counter.count(turns)
         except Exception as exc:  # a turn that is not a turn: keep the record, say why
