@@ -18,6 +18,7 @@ import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from tests.test_resume import assert_exactly_once, run_args, sessions_started
+from trajkit.finalize import run_status
 from trajkit.ledger import read_jsonl as ledger_lines
 from trajkit.ledger import scan
 from trajkit.rundir import lock_holder
@@ -124,9 +125,11 @@ def test_two_invocations_of_one_run_exactly_one_runs(tmp_path: Path) -> None:
     dataset = prompts(10)
     path = write_jsonl(tmp_path / "p.jsonl", dataset)
     run_dir = tmp_path / "r"
-    with OpenAITestServer(dialect_policy, latency=0.3) as server:
+    delay = [0.0]
+    with OpenAITestServer(dialect_policy, latency=lambda _body: delay[0]) as server:
         first = trajkit(*run_args(path, tmp_path, server, "--max_samples", "2"))
         assert first.returncode == 0, first.stderr
+        delay[0] = 2.0  # the winner still runs when the other invocation starts, however late
         both = [start(run_args(path, tmp_path, server, "--resume")) for _ in range(2)]
         deadline = time.monotonic() + 30
         while lock_holder(run_dir) is None and time.monotonic() < deadline:
@@ -134,8 +137,8 @@ def test_two_invocations_of_one_run_exactly_one_runs(tmp_path: Path) -> None:
         holder = lock_holder(run_dir)
         assert holder is not None and holder.pid in {p.pid for p in both}
         # a locked run can still be read
-        status = trajkit("status", str(run_dir))
-        assert status.returncode == 0 and f"pid {holder.pid}" in status.stdout, status.stdout
+        status = run_status(run_dir)
+        assert status["running"] == str(holder) and status["finished_records"] >= 2
         assert trajkit("stats", str(run_dir)).returncode == 0
         results = {p.pid: (p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in both}
     codes = sorted(code for code, _ in results.values())
@@ -151,7 +154,8 @@ def test_two_invocations_of_one_run_exactly_one_runs(tmp_path: Path) -> None:
 def test_a_killed_invocation_leaves_no_stale_lock(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "p.jsonl", prompts(8))
     run_dir = tmp_path / "r"
-    with OpenAITestServer(dialect_policy, latency=0.5) as server:
+    delay = [0.5]
+    with OpenAITestServer(dialect_policy, latency=lambda _body: delay[0]) as server:
         process = start(run_args(path, tmp_path, server))
         deadline = time.monotonic() + 30
         while lock_holder(run_dir) is None and time.monotonic() < deadline:
@@ -160,7 +164,7 @@ def test_a_killed_invocation_leaves_no_stale_lock(tmp_path: Path) -> None:
         process.kill()
         process.wait()
         assert lock_holder(run_dir) is None
-        server.latency = 0.0
+        delay[0] = 0.0
         resumed = trajkit(*run_args(path, tmp_path, server, "--resume"))
     assert resumed.returncode == 0, resumed.stderr
 

@@ -48,7 +48,8 @@ def test_sessions_that_time_out_are_paid_for_and_held_to_max_cost(tmp_path: Path
 def test_a_killed_invocation_s_spend_is_counted(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"task {i}"} for i in range(40)])
     run_dir = tmp_path / "r"
-    with OpenAITestServer(priced, latency=0.4) as server:
+    delay = [0.4]
+    with OpenAITestServer(priced, latency=lambda _body: delay[0]) as server:
         process = start(run_args(path, tmp_path, server, "--num_workers", "2"))
         time.sleep(ACCOUNTS_INTERVAL + 2.5)  # at least one update of run.json
         process.kill()
@@ -59,7 +60,7 @@ def test_a_killed_invocation_s_spend_is_counted(tmp_path: Path) -> None:
         assert lock_holder(run_dir) is None
         entry = json.loads((run_dir / "run.json").read_text())["invocations"][0]
         assert "ended" not in entry and entry["model_client"]["cost"] >= PRICE
-        server.latency = 0.0
+        delay[0] = 0.0
         server.reset()
         resumed = trajkit(*run_args(path, tmp_path, server, "--resume"))
         assert resumed.returncode == 0, resumed.stderr
