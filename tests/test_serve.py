@@ -409,6 +409,30 @@ def test_a_client_leaving_mid_stream_cancels_the_session_and_its_sandbox(
         assert process.process.poll() is None  # the server goes on
 
 
+def test_a_client_leaving_a_plain_request_cancels_it_too(
+    model_server: OpenAITestServer, keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    root = tmp_path / "sbx"
+    with start(model_server, keys, root) as process:
+
+        async def leave() -> list[str]:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "[slow] d2"}]}
+            headers = {"Authorization": f"Bearer {SERVER_KEY}"}
+            async with aiohttp.ClientSession() as session:
+                request = asyncio.create_task(
+                    session.post(f"{process.base_url}/chat/completions", json=body, headers=headers)
+                )
+                while not sandboxes(root):
+                    await asyncio.sleep(0.05)
+                during = sandboxes(root)
+                request.cancel()  # the connection closes with the request unanswered
+                await asyncio.gather(request, return_exceptions=True)
+            return during
+
+        assert len(asyncio.run(leave())) == 1
+        assert wait_until_empty(root) == []
+
+
 def test_inline_progress_is_marked_and_never_reaches_the_model(
     model_server: OpenAITestServer, keys: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -88,6 +88,13 @@ class Recorder:
         self.lock.acquire()
         try:
             self.manifest = Manifest(self.run_dir, self.config.run_name, __version__)
+            earlier = self.manifest.data.get("config") or {}
+            if earlier.get("dataset_file"):
+                raise RunIOError(
+                    self.run_dir,
+                    f"holds a batch run of {earlier['dataset_file']}; record served sessions in a "
+                    "run directory of their own",
+                )
             entry = {"started": self.started.isoformat(), "pending_at_start": 0, "served": True}
             plugins = dict(sorted(host.sources.items()))
             self.manifest.start(self.config.manifest(), plugins, entry, OUTPUT_AFFECTING)

@@ -152,6 +152,7 @@ class ServedAgent:
     ) -> Served:
         """One agent session in a fresh sandbox, closed however the session ends (cancelled too)."""
         client_tools = self.check_client_tools(request)
+        client_names = {schema["function"]["name"] for schema in client_tools}
         request_id = uuid.uuid4().hex[:16]
         toolsets = self.settings.toolsets or self.distribution.sample(random.Random(request_id))
         tools = {t.name: t for name in toolsets for t in self.host.toolsets[name].tools}
@@ -182,7 +183,8 @@ class ServedAgent:
             REQUEST_PARAMS.reset(token)
         if self.recorder is not None:
             self.recorder.record(
-                result, conversation, sorted(toolsets), sorted(tools), time.monotonic() - started,
+                result, conversation, sorted(toolsets), sorted(tools) + sorted(client_names),
+                time.monotonic() - started,
                 self.config.sandbox, request_id,
             )  # fmt: skip
         return Served(result, reasoning)
