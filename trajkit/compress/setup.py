@@ -162,6 +162,11 @@ def _spent(statistics: dict[str, Any]) -> dict[str, float] | None:
 
 
 def prepare(host: PluginHost, flags: dict[str, Any]) -> Prepared:
+    """A compression ready to run, from the options of ``trajkit compress`` (by their names).
+
+    Everything that can be wrong with the options is found here, before any output is touched:
+    a :class:`SetupError` says what. The model client is built only for a strategy that needs one.
+    """
     source = resolve_input(flags["source"])
     try:
         counter = build_counter(host, flags["tokenizer"], flags["tokenizer_options"])
