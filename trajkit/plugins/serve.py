@@ -144,6 +144,8 @@ def build_settings(ctx: click.Context, flags: dict[str, Any]) -> tuple[RunConfig
     if settings.get("system_prompt") is None:
         settings.pop("system_prompt", None)
     settings["request_timeout"] = serve_settings.request_timeout  # no model call outlasts its request
+    # Sessions in flight: the model client sizes its connection pool from this.
+    settings["num_workers"] = serve_settings.max_concurrent
     if serve_settings.record is not None:
         settings["output_dir"], settings["run_name"] = (
             serve_settings.record.parent,

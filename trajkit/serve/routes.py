@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import orjson
@@ -25,6 +26,8 @@ from trajkit.serve.security import json_response
 from trajkit.serve.service import ServedAgent, reply_reasoning, tool_label
 from trajkit.serve.settings import ServeSettings
 from trajkit.serve.stream import EventStream, inline_progress, next_event
+
+log = logging.getLogger("trajkit")
 
 AGENT: web.AppKey[ServedAgent] = web.AppKey("agent", ServedAgent)
 SETTINGS: web.AppKey[ServeSettings] = web.AppKey("settings", ServeSettings)
@@ -166,7 +169,11 @@ async def _stream(
             while (event := await next_event(queue, stream, settings.keepalive))[0] != "end":
                 await _forward(stream, settings, event)
             served = await session
-    except (TimeoutError, ModelError, SandboxError) as exc:
+    except ConnectionError:
+        return stream.response  # the client went away mid-write; the session is cancelled below
+    except Exception as exc:  # the headers are gone: the error travels as an event
+        if not isinstance(exc, TimeoutError | ModelError | SandboxError):
+            log.exception("internal error in a streamed session")
         await stream.error(failure(agent, exc).body())
         return stream.response
     finally:

@@ -85,6 +85,11 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         return json_response(error_body(exc.reason, "invalid_request_error"), exc.status)
+    except ConnectionError:
+        raise  # the client is gone: there is no one to answer
+    except Exception as exc:  # a bug: said in the log, never in detail to the client
+        log.exception("internal error serving %s %s", request.method, request.path)
+        return error_response(ProtocolError(500, f"internal error: {type(exc).__name__}"))
 
 
 def auth_middleware(key: str | None) -> Middleware:
