@@ -208,7 +208,14 @@ def test_kill_9_mid_file_then_a_rerun_pays_for_no_summary_twice(tmp_path: Path) 
             server=server,
         )
         assert again.returncode == 0 and server.count == 0
-    assert read_jsonl(out) == rows
+        assert read_jsonl(out) == rows
+        # nor does the output made again with settings that leave the requests as they were
+        other = compress(
+            str(source), "--out", str(out), "--max_tokens", "1500", "--strategy", "summary", "--option",
+            "summary_tokens=40", "--option", "max_summaries=2", "--overwrite", server=server,
+        )  # fmt: skip
+        assert other.returncode == 0 and server.count == 0
+    assert [r["conversations"] for r in read_jsonl(out)] == [r["conversations"] for r in rows]
 
 
 def test_the_reference_runner_record_shape(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from trajkit import hookimpl
-from trajkit.compress.base import CompressionContext, StrictSettings, SummaryResult
+from trajkit.compress.base import CompressionContext, SummaryResult
 from trajkit.compress.counters import EstimateCounter
 from trajkit.compress.mask import MaskObservations, MaskSettings
 from trajkit.compress.options import OptionError, build_settings, parse_pairs
@@ -29,7 +29,7 @@ class RecordingSummariser:
     def __init__(self) -> None:
         self.regions: list[list[dict[str, Any]]] = []
 
-    async def __call__(self, region: list[dict[str, Any]], settings: StrictSettings) -> SummaryResult:
+    async def __call__(self, region: list[dict[str, Any]], prompt: str, turn_chars: int) -> SummaryResult:
         self.regions.append(region)
         return SummaryResult(text=f"{len(region)} turns condensed.", model="m", requests=1)
 

@@ -77,8 +77,9 @@ class SummaryResult:
     """Model requests paid for this summary: 0 when it came from the cache."""
 
 
-Summarize = Callable[[list[Turn], StrictSettings], Awaitable[SummaryResult]]
-"""Turns a region of a conversation into summary text, given the asking strategy's settings."""
+Summarize = Callable[[list[Turn], str, int], Awaitable[SummaryResult]]
+"""``summarize(region, prompt, turn_chars)``: the region's summary, asked for with ``prompt`` as the
+system message and each turn of the region shown up to ``turn_chars`` characters."""
 
 
 @dataclass

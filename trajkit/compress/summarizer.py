@@ -1,7 +1,7 @@
 """Summaries through the run's model client, cached so that no summary is paid for twice.
 
-The cache is an SQLite file beside the output, keyed by a hash of the region's content, the
-asking strategy's settings and the model: a rerun, a resume after ``kill -9`` or another budget
+The cache is an SQLite file beside the output, keyed by a hash of the request (the region as
+shown, the prompt holding the asking strategy's settings, and the model): a rerun, a resume after ``kill -9`` or another budget
 that picks the same region reuses the summary. SQLite commits each summary as it arrives (WAL),
 survives a killed process, and keeps memory flat however many summaries the file holds.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import orjson
 
-from trajkit.compress.base import StrictSettings, SummaryResult, Turn
+from trajkit.compress.base import SummaryResult, Turn
 from trajkit.model import ModelClient, ModelError
 
 ROLE_LABELS = {"system": "SYSTEM", "human": "USER", "gpt": "ASSISTANT", "tool": "TOOL RESULT"}
@@ -61,17 +61,13 @@ class Summarizer:
         self.model = model
         self.cache = cache
 
-    async def __call__(self, region: list[Turn], settings: StrictSettings) -> SummaryResult:
-        turn_chars = int(getattr(settings, "turn_chars", 4000))
+    async def __call__(self, region: list[Turn], prompt: str, turn_chars: int) -> SummaryResult:
         excerpt = render_region(region, turn_chars)
-        key = cache_key(excerpt, settings, self.model)
+        messages = [{"role": "system", "content": prompt}, {"role": "user", "content": excerpt}]
+        key = cache_key(messages, self.model)
         cached = self.cache.get(key)
         if cached is not None:
             return SummaryResult(text=cached[0], model=cached[1])
-        prompt = str(getattr(settings, "prompt", "")).format(
-            summary_tokens=getattr(settings, "summary_tokens", 750)
-        )
-        messages = [{"role": "system", "content": prompt}, {"role": "user", "content": excerpt}]
         message = await self.client.complete(messages, [])
         text = message.content.strip()
         if not text:
@@ -81,11 +77,11 @@ class Summarizer:
         return SummaryResult(text=text, model=self.model, cost=cost, requests=1)
 
 
-def cache_key(excerpt: str, settings: StrictSettings, model: str) -> str:
-    material = orjson.dumps(
-        {"excerpt": excerpt, "settings": settings.model_dump(mode="json"), "model": model},
-        option=orjson.OPT_SORT_KEYS,
-    )
+def cache_key(messages: list[dict[str, str]], model: str) -> str:
+    """The request itself: the region as shown, the prompt with the strategy's settings in it, the
+    model. Settings that do not change the request (``keep_last``, the budget) do not change the key,
+    so the same region asked for again is never paid for twice."""
+    material = orjson.dumps({"messages": messages, "model": model}, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(material).hexdigest()
 
 

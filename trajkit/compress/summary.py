@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from trajkit.compress.base import CompressionContext, Compressor, Outcome, StrictSettings, Turn
 from trajkit.compress.mask import MaskObservations, MaskSettings
@@ -35,7 +35,18 @@ class SummarySettings(StrictSettings):
     turn_chars: int = Field(
         4000, ge=200, description="characters of each turn shown to the summariser (head and tail)"
     )
-    prompt: str = Field(DEFAULT_PROMPT, description="system prompt of the summary request")
+    prompt: str = Field(
+        DEFAULT_PROMPT, description="system prompt of the summary request; {summary_tokens} is filled in"
+    )
+
+    @field_validator("prompt")
+    @classmethod
+    def _fields_known(cls, value: str) -> str:
+        try:
+            value.format(summary_tokens=0)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"only {{summary_tokens}} may be used ({exc})") from None
+        return value
 
 
 class Summary(Compressor):
@@ -71,7 +82,8 @@ async def summarise(
             )
             break
         start, end = region
-        result = await context.summarize(outcome.turns[start:end], settings)
+        prompt = settings.prompt.format(summary_tokens=settings.summary_tokens)
+        result = await context.summarize(outcome.turns[start:end], prompt, settings.turn_chars)
         summary = new_turn(outcome.turns[start], "human", SUMMARY_PREFIX + result.text.strip())
         saved = counter.count(outcome.turns[start:end]) - counter.count_turn(summary)
         outcome.requests += result.requests
