@@ -77,6 +77,8 @@ def test_compress_with_a_model_from_the_local_hf_cache_only(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     [row] = read_jsonl(out)
     assert row["compression"]["counter"].endswith("chatml template)")
+    same = HFTokenizerCounter(HFTokenizerCounter.Settings(source=str(snapshot / "tokenizer.json")))
+    assert row["compression"]["tokens_before"] == same.count(row["conversations"])
     assert row["compression"]["under_budget"] and not row["compression"]["compressed"]
 
     missing = trajkit(
