@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     common.use_source(args.source)
     work = Path(tempfile.mkdtemp(prefix="trajkit-bench-compress-", dir=args.workdir))
     try:
+        free, needed = shutil.disk_usage(work).free, args.records * 70_000  # input and output, with room
+        if free < needed:
+            sys.exit(f"{work}: {common.mib(free)} MiB free, about {common.mib(needed)} MiB needed")
         sizes = sorted({n for n in (args.records // 10, args.records) if n > 0})
         mask_rows = [measure_mask(args, work, n) for n in sizes]
         summary_rows = measure_summaries(args, work) if args.summary_records else []
