@@ -5,7 +5,8 @@ The model is ``trajkit.testing.openai_server`` in its own process; ``trajkit ser
 another, with the local sandbox (a fresh sandbox per request). The client here is bare aiohttp,
 so its own cost stays small beside what is measured.
 
-    python -m bench.serve [--requests 200] [--latency 0.02] [--concurrency 100] [--streams 1000]
+    python -m bench.serve [--requests 200] [--latency 0.02] [--stream-latency 1.0] [--concurrency 100]
+                          [--streams 1000]
 """
 
 from __future__ import annotations
@@ -156,8 +157,8 @@ def latency_figures(args: argparse.Namespace, root: str) -> dict[str, Any]:
 
 def throughput_figures(args: argparse.Namespace, root: str) -> dict[str, Any]:
     """``--concurrency`` streaming sessions at once, each a tool call (``true`` in the terminal of a
-    fresh sandbox) and an answer: two model calls of ``--latency`` each."""
-    model, model_url = model_server(args.latency, 1)
+    fresh sandbox) and an answer: two model calls of ``--stream-latency`` each."""
+    model, model_url = model_server(args.stream_latency, 1)
     server, served_url = serve(model_url, root, args.concurrency, args.serve_arg)
     try:
         asyncio.run(concurrent(f"{served_url}/chat/completions", args.concurrency, args.concurrency))
@@ -169,7 +170,7 @@ def throughput_figures(args: argparse.Namespace, root: str) -> dict[str, Any]:
     finally:
         stop(server)
         stop(model)
-    ideal = args.concurrency / (2 * args.latency)
+    ideal = args.concurrency / (2 * args.stream_latency)
     return {
         "concurrency": args.concurrency,
         "streams": args.streams,
@@ -187,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=200, help="sequential requests per latency figure")
     parser.add_argument("--latency", type=float, default=0.02, help="the model's seconds per answer")
+    parser.add_argument(
+        "--stream-latency", type=float, default=1.0, help="the model's seconds per answer under load"
+    )
     parser.add_argument("--concurrency", type=int, default=100, help="streaming sessions at once")
     parser.add_argument("--streams", type=int, default=1000, help="streamed requests in the throughput run")
     parser.add_argument(

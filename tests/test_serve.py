@@ -495,6 +495,8 @@ def test_recorded_sessions_are_a_run_directory(
     assert len(kept) + len(rejected) == len(ledger)
     status = trajkit("status", str(run_dir))
     assert status.returncode == 0 and f"finished_records   {len(ledger)}" in status.stdout
+    stats = trajkit("stats", str(run_dir))
+    assert stats.returncode == 0 and "served" in stats.stdout, stats.stderr
     out = tmp_path / "served.openai.jsonl"
     exported = trajkit("export", str(run_dir), "--format", "openai", "--out", str(out))
     assert exported.returncode == 0, exported.stderr
