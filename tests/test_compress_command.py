@@ -341,3 +341,28 @@ def test_an_input_that_changed_under_a_resume_is_refused_and_one_that_grew_is_co
     assert changed.returncode == 1
     assert "are not those the output was made from: the input changed since" in changed.stderr
     assert [r["prompt_index"] for r in read_jsonl(out)] == list(range(6))  # left as it was
+
+
+def test_a_real_run_directory_compresses_into_valid_trajectories(tmp_path: Path) -> None:
+    dataset = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"Write note {i}"} for i in range(3)])
+    ran = trajkit(
+        "run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(tmp_path),
+        "--model", "scripted", "--distribution", "terminal_only", "--quiet",
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    run_dir = tmp_path / "r"
+    kept = read_jsonl(run_dir / "trajectories.jsonl")
+    out = tmp_path / "compressed.jsonl"
+    done = compress(
+        str(run_dir), "--out", str(out), "--max_tokens", "200", "--option", "keep_last=1",
+        "--option", "min_chars=0", "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = read_jsonl(out)
+    assert [r["work_id"] for r in rows] == [r["work_id"] for r in kept]
+    assert all(r["compression"]["masked"] > 0 and problems(r["conversations"]) == [] for r in rows)
+
+    import datasets
+
+    loaded = datasets.load_dataset("json", data_files=str(out), split="train")
+    assert loaded.num_rows == len(kept)

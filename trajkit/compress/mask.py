@@ -82,6 +82,8 @@ class MaskObservations(Compressor):
             new_value = TOOL_RESPONSE_BLOCK.sub(lambda m: self._block(m.group(1)), value)
         else:
             new_value = self.placeholder(value)
+        if len(new_value) >= len(value):
+            return None  # the placeholder would be longer than what it replaces
         return {**turn, "value": new_value}
 
     def placeholder(self, text: str) -> str:
