@@ -176,6 +176,13 @@ def test_client_tools_come_back_as_tool_calls_and_the_conversation_goes_on(
     ]
     second = client(process).chat.completions.create(model=MODEL, messages=messages, tools=[weather])
     assert second.choices[0].message.content == "The weather: sunny"
+    stream = client(process).chat.completions.create(
+        model=MODEL, messages=messages[:1], tools=[weather], stream=True
+    )
+    chunks = [c.choices[0] for c in stream if c.choices]
+    streamed = [d for c in chunks for d in c.delta.tool_calls or ()]
+    assert [(d.index, d.function.name if d.function else None) for d in streamed] == [(0, "get_weather")]
+    assert [c.finish_reason for c in chunks if c.finish_reason] == ["tool_calls"]
 
 
 @pytest.mark.parametrize(

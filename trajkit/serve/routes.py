@@ -11,7 +11,7 @@ import orjson
 from aiohttp import web
 
 from trajkit.agent import ConversationResult, ToolStatus
-from trajkit.model import AssistantMessage, Message, ModelError, ToolCall, Usage
+from trajkit.model import Message, ModelError, ToolCall, Usage
 from trajkit.sandbox import SandboxError
 from trajkit.serve.protocol import (
     ChatRequest,
@@ -23,7 +23,7 @@ from trajkit.serve.protocol import (
     usage_body,
 )
 from trajkit.serve.security import json_response
-from trajkit.serve.service import ServedAgent, reply_reasoning, tool_label
+from trajkit.serve.service import ServedAgent, tool_label
 from trajkit.serve.settings import ServeSettings
 from trajkit.serve.stream import EventStream, inline_progress, next_event
 
@@ -161,7 +161,7 @@ async def _stream(
     stream = await EventStream.open(request, completion_id(), chat.model)
     await stream.delta({"role": "assistant", "content": ""})
     session = asyncio.create_task(
-        agent.run(chat, system, conversation, lambda reply: queue.put_nowait(("reply", reply)), progress)
+        agent.run(chat, system, conversation, lambda *texts: queue.put_nowait(("reply", *texts)), progress)
     )
     session.add_done_callback(lambda _: queue.put_nowait(("end",)))
     try:
@@ -200,12 +200,11 @@ async def _forward(stream: EventStream, settings: ServeSettings, event: tuple[An
         else:
             await stream.tool(call, status, label)
         return
-    reply: AssistantMessage = event[1]
-    reasoning = reply_reasoning(reply)
+    reasoning, answer = event[1], event[2]
     if reasoning:
         await stream.delta({"reasoning_content": reasoning})
-    if not reply.tool_calls and reply.content:
-        await stream.delta({"content": reply.content})
+    if answer:
+        await stream.delta({"content": answer})
 
 
 async def _housekeeping(request: web.Request, agent: ServedAgent, chat: ChatRequest) -> web.StreamResponse:

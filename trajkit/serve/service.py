@@ -147,7 +147,7 @@ class ServedAgent:
         request: ChatRequest,
         system: str | None,
         conversation: list[Message],
-        on_reply: Callable[[AssistantMessage], None] | None = None,
+        on_reply: Callable[[str, str], None] | None = None,
         on_tool: Callable[[ToolCall, ToolStatus], None] | None = None,
     ) -> Served:
         """One agent session in a fresh sandbox, closed however the session ends (cancelled too)."""
@@ -159,11 +159,11 @@ class ServedAgent:
         reasoning: list[str] = []
 
         def replied(reply: AssistantMessage) -> None:
-            text = reply_reasoning(reply)
+            text, answer = split_reply(reply, client_names)
             if text:
                 reasoning.append(text)
             if on_reply is not None:
-                on_reply(reply)
+                on_reply(text, answer)
 
         started = time.monotonic()
         spec = SandboxSpec(
@@ -227,13 +227,15 @@ async def _close(sandbox: Sandbox) -> None:
         raise
 
 
-def reply_reasoning(reply: AssistantMessage) -> str:
-    """A turn's reasoning as the client sees it; what a model says beside its tool calls is part of
-    its working, not of the answer, so it travels with the reasoning."""
+def split_reply(reply: AssistantMessage, client_tools: set[str]) -> tuple[str, str]:
+    """A turn's (reasoning, answer) as the client sees them. What a model says beside calls to the
+    agent's own tools is part of its working, not of the answer, so it travels with the reasoning;
+    beside calls to the client's tools it is the answer's content, as OpenAI's API has it."""
     text = reply.reasoning or ""
-    if reply.tool_calls and reply.content:
-        text = f"{text}\n\n{reply.content}" if text else reply.content
-    return text
+    working = bool(reply.tool_calls) and not any(c.name in client_tools for c in reply.tool_calls)
+    if working and reply.content:
+        return (f"{text}\n\n{reply.content}" if text else reply.content), ""
+    return text, reply.content or ""
 
 
 LABEL_KEYS = ("command", "path", "pattern", "query", "code", "url")
