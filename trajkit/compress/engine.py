@@ -225,6 +225,7 @@ class Compression:
             return {**record, "compression": {**meta, "error": self._describe(exc)}}
         meta.update(_outcome_meta(outcome))
         meta["under_budget"] = outcome.tokens <= budget
+        meta["compressed"] = outcome.turns != turns  # whatever the strategy did, not only what it counts
         result = {**record, "conversations": outcome.turns, "compression": meta}
         if self.job.scrubber is not None:
             result = self.job.scrubber.scrub(result)
@@ -255,7 +256,6 @@ _EMPTY: dict[str, Any] = {
 def _outcome_meta(outcome: Outcome) -> dict[str, Any]:
     return {
         "tokens_after": outcome.tokens,
-        "compressed": outcome.summaries > 0 or outcome.masked > 0,
         "summaries": outcome.summaries,
         "masked": outcome.masked,
         "requests": outcome.requests,
