@@ -68,6 +68,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     except orjson.JSONDecodeError:
         raise ProtocolError(400, "the request body is not valid JSON") from None
     chat = parse_request(body, agent.config.model)
+    agent.check_request(chat)
     gate = request.app[GATE]
     if gate.in_flight >= settings.max_concurrent:
         raise ProtocolError(
@@ -79,7 +80,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
         if settings.housekeeping == "on" and chat.housekeeping_task():
             return await _housekeeping(request, agent, chat)
         system, conversation = split_messages(chat)
-        agent.check_client_tools(chat)
         if chat.stream:
             return await _stream(request, agent, settings, chat, system, conversation)
         return await _answer(agent, settings, chat, system, conversation)

@@ -124,7 +124,14 @@ class ServedAgent:
             await self.backend.reap(self.run_id)
             await self.backend.aclose()
 
-    def check_client_tools(self, request: ChatRequest) -> list[dict[str, Any]]:
+    def check_request(self, request: ChatRequest) -> list[dict[str, Any]]:
+        """Refuse what this server cannot honour; returns the client's tool schemas."""
+        params = request.model_params()
+        if params and not self.params_apply and self.client_class.name != "scripted":
+            raise ProtocolError(
+                400, f"the model client {self.client_class.name!r} takes no per-request "
+                f"{', '.join(sorted(params))}", param=sorted(params)[0],
+            )  # fmt: skip
         schemas = [tool.model_dump() for tool in request.tools or []]
         clash = sorted({s["function"]["name"] for s in schemas} & set(self.host.tools))
         if clash:
@@ -151,7 +158,7 @@ class ServedAgent:
         on_tool: Callable[[ToolCall, ToolStatus], None] | None = None,
     ) -> Served:
         """One agent session in a fresh sandbox, closed however the session ends (cancelled too)."""
-        client_tools = self.check_client_tools(request)
+        client_tools = self.check_request(request)
         client_names = {schema["function"]["name"] for schema in client_tools}
         request_id = uuid.uuid4().hex[:16]
         toolsets = self.settings.toolsets or self.distribution.sample(random.Random(request_id))
