@@ -366,3 +366,19 @@ def test_a_real_run_directory_compresses_into_valid_trajectories(tmp_path: Path)
 
     loaded = datasets.load_dataset("json", data_files=str(out), split="train")
     assert loaded.num_rows == len(kept)
+
+
+def test_identical_regions_in_flight_at_once_are_asked_for_once(tmp_path: Path) -> None:
+    record = trajkit_record(0, steps=10, parallel=2)
+    source = write_jsonl(tmp_path / "in.jsonl", [record, record, record])
+    out = tmp_path / "out.jsonl"
+    with OpenAITestServer(summary_policy, latency=0.5) as server:
+        done = compress(
+            str(source), "--out", str(out), "--max_tokens", "1500", "--strategy", "summary",
+            "--concurrency", "3", server=server,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert server.count == 1
+    rows = read_jsonl(out)
+    assert rows[0]["conversations"] == rows[1]["conversations"] == rows[2]["conversations"]
+    assert [r["compression"]["requests"] for r in rows] == [1, 0, 0]

@@ -8,6 +8,7 @@ survives a killed process, and keeps memory flat however many summaries the file
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import sqlite3
 from pathlib import Path
@@ -60,6 +61,8 @@ class Summarizer:
         self.client = client
         self.model = model
         self.cache = cache
+        self.pending: dict[str, asyncio.Future[str]] = {}
+        """Requests in flight by key: a second record asking for the same region waits for the first."""
 
     async def __call__(self, region: list[Turn], prompt: str, turn_chars: int) -> SummaryResult:
         excerpt = render_region(region, turn_chars)
@@ -68,6 +71,20 @@ class Summarizer:
         cached = self.cache.get(key)
         if cached is not None:
             return SummaryResult(text=cached[0], model=cached[1])
+        if key in self.pending:
+            return SummaryResult(text=await asyncio.shield(self.pending[key]), model=self.model)
+        future = self.pending[key] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieved)  # nobody may be waiting: no "never retrieved" warning
+        try:
+            result = await self._ask(messages, key)
+        except BaseException as exc:
+            reason = str(exc) or type(exc).__name__
+            self.pending.pop(key).set_exception(ModelError(f"the same region's summary failed: {reason}"))
+            raise
+        self.pending.pop(key).set_result(result.text)
+        return result
+
+    async def _ask(self, messages: list[dict[str, str]], key: str) -> SummaryResult:
         message = await self.client.complete(messages, [])
         text = message.content.strip()
         if not text:
@@ -75,6 +92,11 @@ class Summarizer:
         cost = message.usage.cost or 0.0
         self.cache.put(key, text, self.model, cost)
         return SummaryResult(text=text, model=self.model, cost=cost, requests=1)
+
+
+def _retrieved(future: asyncio.Future[str]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def cache_key(messages: list[dict[str, str]], model: str) -> str:
