@@ -198,6 +198,16 @@ def test_client_tools_come_back_as_tool_calls_and_the_conversation_goes_on(
             "messages",
         ),
         ({"temperature": 9}, 400, "temperature"),
+        (
+            {
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"id": "a"}]},
+                    {"role": "tool", "content": "x"},
+                ]
+            },
+            400,
+            "messages.0.tool_calls.0.function",
+        ),
     ],
 )
 def test_fields_that_cannot_be_honoured_are_refused(

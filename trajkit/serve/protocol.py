@@ -54,12 +54,29 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str
+
+
+class ToolCallIn(BaseModel):
+    """A tool call of an earlier assistant turn, as a client sends the conversation back."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
     name: str | None = None
 
@@ -188,7 +205,7 @@ def split_messages(request: ChatRequest) -> tuple[str | None, list[Message]]:
         if message.role == "assistant":
             wire["content"] = INLINE_MARK.sub("", wire["content"]) or None
             if message.tool_calls:
-                wire["tool_calls"] = message.tool_calls
+                wire["tool_calls"] = [call.model_dump() for call in message.tool_calls]
             elif wire["content"] is None:
                 wire["content"] = ""
         if message.role == "tool":
