@@ -64,3 +64,10 @@ def test_exposure() -> None:
     assert check_exposure(ServeSettings(host="0.0.0.0", server_key="k" * 32)) is None
     assert "no server key" in (check_exposure(ServeSettings()) or "")
     assert check_exposure(ServeSettings(host="::1", server_key="k" * 32)) is None
+
+
+def test_a_tool_result_must_say_which_call_it_answers() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}]}
+    with pytest.raises(ProtocolError) as caught:
+        split_messages(parse_request(body, "m"))
+    assert caught.value.status == 400 and "tool_call_id" in str(caught.value)

@@ -209,7 +209,9 @@ def split_messages(request: ChatRequest) -> tuple[str | None, list[Message]]:
             elif wire["content"] is None:
                 wire["content"] = ""
         if message.role == "tool":
-            wire["tool_call_id"] = message.tool_call_id or ""
+            if not message.tool_call_id:
+                raise ProtocolError(400, "a tool message needs the tool_call_id it answers", param="messages")
+            wire["tool_call_id"] = message.tool_call_id
         conversation.append(wire)
     return ("\n\n".join(p for p in system if p) or None), conversation
 
