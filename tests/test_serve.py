@@ -519,3 +519,7 @@ def test_recorded_sessions_are_a_run_directory(
     assert exported.returncode == 0, exported.stderr
     rows = read_jsonl(out)
     assert len(rows) == len(kept) and all(row["messages"][0]["role"] == "system" for row in rows)
+    compressed = tmp_path / "compressed.jsonl"
+    result = trajkit("compress", str(run_dir), "--out", str(compressed), "--max_tokens", "200")
+    assert result.returncode == 0, result.stderr
+    assert len(read_jsonl(compressed)) == len(kept)
