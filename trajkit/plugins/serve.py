@@ -19,10 +19,17 @@ from pydantic import ValidationError
 from trajkit import hookimpl
 from trajkit.cli import _describe, comma_list, key_values, load_host, option, read_prefill
 from trajkit.config import ConfigFileError, RunConfig, read_config_file
+from trajkit.serve.settings import ServeSettings
 
 log = logging.getLogger("trajkit")
 
 EXIT_USAGE, EXIT_LOCKED = 2, 75
+
+
+def default(name: str) -> Any:
+    """A flag's default is the setting's own (one default in one place: the settings models)."""
+    fields = ServeSettings.model_fields if name in ServeSettings.model_fields else RunConfig.model_fields
+    return fields[name].default
 
 
 @hookimpl
@@ -37,8 +44,8 @@ def trajkit_commands(cli: click.Group) -> None:
     default=None,
     help="TOML or YAML file: the keys of `trajkit run` that apply, and these flags; flags override it.",
 )
-@option("model", default="scripted", show_default=True, help="'scripted' (offline) or a model slug.")
-@option("base_url", default="https://openrouter.ai/api/v1", show_default=True)
+@option("model", default=default("model"), show_default=True, help="'scripted' (offline) or a model slug.")
+@option("base_url", default=default("base_url"), show_default=True)
 @option(
     "api_key_file",
     type=click.Path(path_type=Path, dir_okay=False),
@@ -47,12 +54,12 @@ def trajkit_commands(cli: click.Group) -> None:
 )
 @option(
     "distribution",
-    default="default",
+    default=default("distribution"),
     show_default=True,
     help="Toolset distribution sampled per request (unless --toolsets).",
 )
 @option("toolsets", callback=comma_list, help="Fixed toolsets for every request, comma-separated.")
-@option("sandbox", default="local", show_default=True, help="Sandbox backend of the sessions.")
+@option("sandbox", default=default("sandbox"), show_default=True, help="Sandbox backend of the sessions.")
 @option(
     "sandbox_option",
     "sandbox_options",
@@ -60,10 +67,16 @@ def trajkit_commands(cli: click.Group) -> None:
     callback=key_values,
     help="BACKEND.KEY=VALUE, repeatable.",
 )
-@option("max_turns", type=int, default=10, show_default=True, help="Model calls per request at most.")
+@option(
+    "max_turns",
+    type=int,
+    default=default("max_turns"),
+    show_default=True,
+    help="Model calls per request at most.",
+)
 @option("system_prompt", default=None, help="System prompt for requests that bring none.")
-@option("host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@option("port", type=int, default=8642, show_default=True)
+@option("host", default=default("host"), show_default=True, help="Address to listen on.")
+@option("port", type=int, default=default("port"), show_default=True)
 @option(
     "server_key_file",
     type=click.Path(path_type=Path, dir_okay=False),
@@ -76,27 +89,44 @@ def trajkit_commands(cli: click.Group) -> None:
     multiple=True,
     help="An exact origin browser pages may call from; repeatable.",
 )
-@option("max_concurrent", type=int, default=16, show_default=True, help="Requests in flight; more get 429.")
-@option("request_timeout", type=float, default=600.0, show_default=True, help="Seconds one request may take.")
-@option("max_body_bytes", type=int, default=4 << 20, show_default=True)
+@option(
+    "max_concurrent",
+    type=int,
+    default=default("max_concurrent"),
+    show_default=True,
+    help="Requests in flight; more get 429.",
+)
+@option(
+    "request_timeout",
+    type=float,
+    default=default("request_timeout"),
+    show_default=True,
+    help="Seconds one request may take.",
+)
+@option("max_body_bytes", type=int, default=default("max_body_bytes"), show_default=True)
 @option(
     "record",
     type=click.Path(path_type=Path, file_okay=False),
     default=None,
     help="Record every served session in this run directory's ledger.",
 )
-@option("tool_progress", type=click.Choice(["off", "sse", "inline"]), default="sse", show_default=True)
+@option(
+    "tool_progress",
+    type=click.Choice(["off", "sse", "inline"]),
+    default=default("tool_progress"),
+    show_default=True,
+)
 @option(
     "housekeeping",
     type=click.Choice(["on", "off"]),
-    default="on",
+    default=default("housekeeping"),
     show_default=True,
     help="Answer chat UIs' title/tag/follow-up requests with a plain model call.",
 )
 @option(
     "keepalive",
     type=float,
-    default=15.0,
+    default=default("keepalive"),
     show_default=True,
     help="Seconds of stream silence before a keepalive.",
 )
@@ -104,7 +134,7 @@ def trajkit_commands(cli: click.Group) -> None:
 @option("no_filter", "disabled_filters", multiple=True, help="With --record: disable a filter.")
 @click.pass_context
 def serve(ctx: click.Context, **flags: Any) -> None:
-    """Serve the agent as an OpenAI-compatible chat completions API."""  # fmt: skip
+    """Serve the agent as an OpenAI-compatible chat completions API."""
     host = load_host(ctx.find_root())
     config, settings = build_settings(ctx, flags)
     ctx.exit(run_server(config, settings, host))
@@ -112,7 +142,7 @@ def serve(ctx: click.Context, **flags: Any) -> None:
 
 def build_settings(ctx: click.Context, flags: dict[str, Any]) -> tuple[RunConfig, Any]:
     """The run configuration and the server settings, flags over the configuration file."""
-    from trajkit.serve.settings import ServerKeyError, ServeSettings, check_exposure, read_server_key
+    from trajkit.serve.settings import ServerKeyError, check_exposure, read_server_key
 
     config_path = flags.pop("config")
     try:
