@@ -6,9 +6,10 @@ content; for the client's own tools a ``tool_calls`` delta; a finish chunk with 
 ``data: [DONE]``. Between them, tool progress as ``event: trajkit.tool`` (or, inline, as marked
 content) and a keepalive comment whenever the stream has been silent for a while.
 
-A tool event's data is itself a chunk with no choices (plus ``call_id``, ``tool``, ``status`` and
-``label``): a parser that skips named events never sees it, and one that does not (the Python SDK
-yields every event's data) gets a well-formed chunk with nothing to show, as with the usage chunk.
+A tool event's data is itself a chunk whose one choice has an empty delta (plus ``call_id``,
+``tool``, ``status`` and ``label``): a parser that skips named events never sees it, and one that
+does not (the Python SDK yields every event's data) gets a chunk with nothing to show, like the
+finish chunk, so even ``chunk.choices[0].delta.content`` in a client's loop keeps working.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class EventStream:
         await self.data({**chunk_body(self.ident, self.model, None), "usage": usage})
 
     async def tool(self, call: ToolCall, status: ToolStatus, label: str) -> None:
-        body = {**chunk_body(self.ident, self.model, None), "call_id": call.id, "tool": call.name}
+        body = {**chunk_body(self.ident, self.model, {}), "call_id": call.id, "tool": call.name}
         body.update(status=status, label=label)
         await self._write(f"event: {TOOL_EVENT}\n".encode() + b"data: " + orjson.dumps(body) + b"\n\n")
 
