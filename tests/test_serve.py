@@ -535,3 +535,54 @@ def test_recorded_sessions_are_a_run_directory(
     result = trajkit("compress", str(run_dir), "--out", str(compressed), "--max_tokens", "200")
     assert result.returncode == 0, result.stderr
     assert len(read_jsonl(compressed)) == len(kept)
+
+
+def test_a_recording_server_merges_as_it_goes_and_holds_the_run_directory(
+    model_server: OpenAITestServer, keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    config = tmp_path / "serve.toml"
+    config.write_text("merge_interval = 0.2\nbatch_size = 1\n")
+    run_dir = tmp_path / "live"
+    with start(
+        model_server, keys, tmp_path / "sbx", "--config", str(config), "--record", str(run_dir)
+    ) as process:
+        for i in range(2):
+            client(process).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"live {i}"}]
+            )
+        deadline = time.monotonic() + 30
+        while (
+            len(
+                read_jsonl(run_dir / "trajectories.jsonl")
+                if (run_dir / "trajectories.jsonl").exists()
+                else []
+            )
+            < 2
+        ):
+            assert time.monotonic() < deadline, "no merge while serving"
+            time.sleep(0.1)
+        exported = trajkit("export", str(run_dir), "--format", "hermes", "--out", str(tmp_path / "h.jsonl"))
+        assert exported.returncode == 0 and len(read_jsonl(tmp_path / "h.jsonl")) == 2
+        dataset = tmp_path / "prompts.jsonl"
+        dataset.write_text('{"prompt": "x"}\n')
+        batch = trajkit(
+            "run",
+            "--dataset_file",
+            str(dataset),
+            "--run_name",
+            "live",
+            "--output_dir",
+            str(tmp_path),
+            "--resume",
+        )
+        assert batch.returncode == 75 and "in use by another trajkit invocation" in batch.stderr
+        client(process).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "live 0"}])
+    assert process.process.returncode == 0
+    ledger = [r for path in sorted(run_dir.glob("batch_*.jsonl")) for r in read_jsonl(path)]
+    assert len(ledger) == 3 and len({r["work_id"] for r in ledger}) == 3
+    assert sorted(
+        r["prompt_index"]
+        for r in read_jsonl(run_dir / "trajectories.jsonl") + read_jsonl(run_dir / "rejected.jsonl")
+    ) == [0, 1, 2]
+    same = [r for r in ledger if r["prompt_id"] == ledger[0]["prompt_id"]]
+    assert [r["work_id"].rsplit(".", 1)[1] for r in same] == ["0", "1"]  # one conversation served twice
