@@ -13,6 +13,7 @@ starts the next batch file, so the merge (on a thread) never reads a line being 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 from collections.abc import Callable
@@ -73,6 +74,7 @@ class Recorder:
         self.manifest: Manifest
         self.keeper: ManifestKeeper | None = None
         self.merger: asyncio.Task[None] | None = None
+        self.stopping = asyncio.Event()
         self.statistics: dict[str, Any] = {}
         self.client_statistics: Callable[[], dict[str, Any]] = dict
 
@@ -156,9 +158,13 @@ class Recorder:
         }
 
     async def _merge_now_and_then(self) -> None:
-        while True:
-            await asyncio.sleep(self.merge_interval)
-            if self.unmerged:
+        """Merge every ``merge_interval`` seconds while there is something new. Stopped through
+        :attr:`stopping`, never cancelled: a merge runs on a thread, and one cut loose there
+        could replace the outputs after the final merge wrote them."""
+        while not self.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.merge_interval)
+            if self.unmerged and not self.stopping.is_set():
                 try:
                     await self.merge()
                 except (RunIOError, OSError) as exc:
@@ -183,9 +189,13 @@ class Recorder:
     async def close(self) -> None:
         """Final merge, the invocation's end in ``run.json``, the lock released."""
         try:
+            self.stopping.set()
             if self.merger is not None:
-                self.merger.cancel()
-                await asyncio.gather(self.merger, return_exceptions=True)
+                (outcome,) = await asyncio.gather(
+                    self.merger, return_exceptions=True
+                )  # a merge under way ends first
+                if isinstance(outcome, Exception):
+                    log.error("merging the recorded sessions failed: %s: %s", type(outcome).__name__, outcome)
             if self.keeper is not None:
                 await self.keeper.stop()
             ended = datetime.now(UTC)
