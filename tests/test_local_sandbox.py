@@ -193,7 +193,7 @@ def test_kill_9_of_the_runner_leaves_no_process(tmp_path: Path, isolation: str) 
     assert host_processes(marker) == []
     asyncio.run(LocalBackend({"root": str(tmp_path), "isolation": isolation}).reap())
     assert list(tmp_path.iterdir()) == []
-    assert not any(p.endswith(f"trajkit-{runner.pid}") for p in _cgroup_dirs())
+    assert not any(f"trajkit-{runner.pid}-" in p for p in _cgroup_dirs())
 
 
 def _cgroup_dirs() -> list[str]:

@@ -149,13 +149,13 @@ def _own_cgroups() -> dict[str, str]:
 
 
 def reap_abandoned(prefix: str) -> int:
-    """Remove the sandbox cgroups of runners (``PREFIX<pid>`` directories) that no longer run."""
+    """Remove the sandbox cgroups of processes that no longer run (``PREFIX<pid>-<token>`` directories)."""
     removed = 0
     for controller, path in _own_cgroups().items():
         hierarchy = CGROUP_ROOT if controller == "" else os.path.join(CGROUP_ROOT, controller)
         with contextlib.suppress(OSError):
             for entry in os.scandir(os.path.join(hierarchy, path.lstrip("/"))):
-                pid = entry.name.removeprefix(prefix)
+                pid = entry.name.removeprefix(prefix).partition("-")[0]
                 if entry.name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
                     remove(entry.path)
                     removed += 1

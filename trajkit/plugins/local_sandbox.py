@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import os
+import secrets
 import shutil
 import stat
 import tempfile
@@ -64,7 +65,8 @@ OPTIONS = {
 DEFAULT_MAX_PROCESSES = 1024
 DEFAULT_MEMORY = 4 * 1024**3
 CGROUP_PREFIX = "trajkit-"
-"""This runner's sandbox cgroups live in a directory named CGROUP_PREFIX + its pid."""
+"""A backend's sandbox cgroups live in a directory named CGROUP_PREFIX + its process's pid + a token
+of its own: several backends of one process (a library user's, a test's) never share one."""
 OWNER_FILE = "owner.json"
 MARKER = "TRAJKIT_SANDBOX"
 """Set in every unconfined command's environment, so its processes can be found and killed."""
@@ -107,7 +109,7 @@ class LocalBackend(SandboxBackend):
         max_processes = positive_option(values, "local.max_processes", int) or DEFAULT_MAX_PROCESSES
         memory = _bytes(values["memory"]) if "memory" in values else DEFAULT_MEMORY
         cgroups = local_cgroups.detect(
-            f"{CGROUP_PREFIX}{os.getpid()}", max_processes=max_processes, memory=memory
+            f"{CGROUP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}", max_processes=max_processes, memory=memory
         )
         self.cgroups = cgroups if isinstance(cgroups, local_cgroups.Cgroups) else None
         if self.cgroups is None:

@@ -19,6 +19,8 @@ import asyncio
 import contextlib
 import os
 import random
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -173,11 +175,18 @@ class HostileConformance:
                 )
                 assert canary not in listing.stdout
 
+        # In this process's environment (a sandbox must not inherit it), and in the starting
+        # environment and command line of a process of the runner's (what /proc/PID shows).
         os.environ["TRAJKIT_CONFORMANCE_CANARY"] = canary
+        stand_in = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(300)", canary], stdin=subprocess.DEVNULL
+        )
         try:
             run(body)
         finally:
             del os.environ["TRAJKIT_CONFORMANCE_CANARY"]
+            stand_in.kill()
+            stand_in.wait()
 
     def test_daemons_die_with_their_exec(self, harness: BackendHarness) -> None:
         marker = str(random.randint(10_000, 99_999))
