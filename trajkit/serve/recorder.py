@@ -173,9 +173,10 @@ class Recorder:
     async def merge(self) -> dict[str, Any]:
         """Close the ledger file being written, start the next, merge everything recorded so far."""
         closing, self.ledger = self.ledger, LedgerWriter(self.run_dir, self.config.batch_size)
+        merged = self.unmerged  # records made while the old file closes go to the new one: not these
         await asyncio.to_thread(closing.close)
         self.index = scan(self.run_dir, self.index)
-        self.unmerged = 0
+        self.unmerged -= merged
         ordered = sorted(self.index.records.items(), key=lambda pair: (pair[1].file, pair[1].offset))
         paired: list[tuple[WorkItem, Location | None]] = [
             (_work_item(position, work_id), location) for position, (work_id, location) in enumerate(ordered)
