@@ -54,8 +54,10 @@ def test_garbage_and_incomplete_records_are_reported_by_line(tmp_path: Path) -> 
     a, b, _, d = lines(A, B, C, D)
     missing_usage = {k: v for k, v in ledger_record(C).items() if k != "usage"}
     wrong_owner = ledger_record("eeee.0", prompt_id="ffff")
+    odd_occurrence = ledger_record("eeee.\u00b2")  # a digit to str.isdigit, not to int()
     body = [a, b"\x8f\xff garbage \x01\n", json.dumps(missing_usage).encode() + b"\n"]
-    body += [b"[1, 2]\n", json.dumps(wrong_owner).encode() + b"\n", b"\n", b, d[:50]]
+    body += [b"[1, 2]\n", json.dumps(wrong_owner).encode() + b"\n", b"\n", b]
+    body += [json.dumps(odd_occurrence).encode() + b"\n", d[:50]]
     batch_path(tmp_path, 0).write_bytes(b"".join(body))
     index = scan(tmp_path)
     assert sorted(index.records) == [A, B]
@@ -65,7 +67,8 @@ def test_garbage_and_incomplete_records_are_reported_by_line(tmp_path: Path) -> 
         (3, "field 'usage' missing or of the wrong type"),
         (4, "a JSON list, not a record"),
         (5, "work_id 'eeee.0' does not belong to prompt_id 'ffff'"),
-        (8, "incomplete last line (a write cut off)"),
+        (8, "work_id 'eeee.\u00b2' does not belong to prompt_id 'eeee'"),
+        (9, "incomplete last line (a write cut off)"),
     ]
 
 

@@ -122,7 +122,7 @@ def record_problem(record: Any) -> str | None:
         if not isinstance(record.get(key), kind):
             return f"field {key!r} missing or of the wrong type"
     prompt_id, dot, occurrence = record["work_id"].rpartition(".")
-    if not dot or prompt_id != record["prompt_id"] or not occurrence.isdigit():
+    if not dot or prompt_id != record["prompt_id"] or not (occurrence.isascii() and occurrence.isdigit()):
         return f"work_id {record['work_id']!r} does not belong to prompt_id {record['prompt_id']!r}"
     usage, sandbox = record["usage"], record["sandbox"]
     if not isinstance(usage.get("prompt_tokens"), int) or not isinstance(usage.get("completion_tokens"), int):
