@@ -126,8 +126,12 @@ def write_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def json_text(data: Any) -> str:
+    return json.dumps(data, indent=2, ensure_ascii=False, sort_keys=True) + "\n"
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    write_atomic(path, json.dumps(data, indent=2, ensure_ascii=False, sort_keys=True) + "\n")
+    write_atomic(path, json_text(data))
 
 
 def read_json_object(
@@ -407,8 +411,9 @@ class ManifestKeeper:
             if self.stopping.is_set():
                 return
             self.manifest.invocations[-1].update(updated=_now(), **self.fields())
+            text = json_text(self.manifest.data)  # here: the loop thread owns the manifest
             try:
-                await asyncio.to_thread(self.manifest.save)
+                await asyncio.to_thread(write_atomic, self.manifest.run_dir / MANIFEST_FILE, text)
             except RunIOError as exc:
                 log.warning("%s (the spend so far is not saved)", exc)
 
