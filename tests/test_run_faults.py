@@ -118,6 +118,24 @@ def test_a_disk_that_fills_mid_run_loses_nothing_paid_for(tmp_path: Path) -> Non
         assert stats["invocations"] == 2 and stats["bad_ledger_lines"] == 0
 
 
+def test_a_merge_on_a_full_disk_names_the_output_and_its_cause(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "p.jsonl", prompts(6))
+    with small_tmpfs(tmp_path / "disk", "512k") as disk:
+        assert trajkit(*scripted(path, disk)).returncode == 0
+        (disk / "r" / "trajectories.jsonl").unlink()
+        free = shutil.disk_usage(disk).free
+        (disk / "filler").write_bytes(b"\0" * free)  # not a byte left for the merge's output
+        result = trajkit(*scripted(path, disk, "--resume"))
+        assert result.returncode == EXIT_IO, result.stderr
+        assert "No space left on device" in result.stderr and "Traceback" not in result.stderr
+        assert f"error: {disk / 'r'}/" in result.stderr and "--resume" in result.stderr
+        (disk / "filler").unlink()
+        again = trajkit(*scripted(path, disk, "--resume"))
+        assert again.returncode == 0, again.stderr
+        assert len(read_jsonl(disk / "r" / "trajectories.jsonl")) == 6
+        assert not [p.name for p in (disk / "r").iterdir() if p.name.startswith(".")]
+
+
 # -- two invocations at once -------------------------------------------------------------------------
 
 

@@ -97,12 +97,18 @@ def temporary_beside(path: Path) -> Path:
 
 @contextmanager
 def atomic_replace(target: Path) -> Iterator[Path]:
-    """A temporary path beside ``target``, renamed onto it only if the block succeeds."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_beside(target)
+    """A temporary path beside ``target``, renamed onto it only if the block succeeds. A failing
+    write (in the block too) is a :class:`RunIOError` naming ``target``, not its temporary."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_beside(target)
+    except OSError as exc:
+        raise RunIOError(target, exc) from None
     try:
         yield tmp
         os.replace(tmp, target)
+    except OSError as exc:
+        raise RunIOError(target, exc) from None
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -18,7 +18,7 @@ import click
 
 from trajkit import hookimpl
 from trajkit.manager import PluginError, PluginHost
-from trajkit.rundir import KEPT_FILE, atomic_replace
+from trajkit.rundir import KEPT_FILE, RunIOError, atomic_replace
 from trajkit.writers import OutputWriter
 
 
@@ -53,7 +53,10 @@ def export(ctx: click.Context, run_dir: Path, format_name: str, out: Path | None
     except PluginError as exc:
         raise click.ClickException(str(exc)) from None
     target = out if out is not None else run_dir / writer.filename
-    rows = export_records(writer, read_records(source), target)
+    try:
+        rows = export_records(writer, read_records(source), target)
+    except RunIOError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(f"{target}: {rows} rows ({format_name})", err=True)
 
 
