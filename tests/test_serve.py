@@ -166,6 +166,19 @@ def test_sampling_fields_reach_every_model_call(
     )
 
 
+def test_sampling_fields_on_the_sdk_transport_too(
+    model_server: OpenAITestServer, keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    config = tmp_path / "serve.toml"
+    config.write_text('transport = "sdk"\n')
+    with start(model_server, keys, tmp_path / "sbx", "--config", str(config)) as process:
+        client(process).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Tidy the notes m8"}], max_tokens=77, seed=5
+        )
+    calls = model_requests(model_server, "m8")
+    assert len(calls) == 4 and all((c["max_tokens"], c["seed"]) == (77, 5) for c in calls)
+
+
 def test_client_tools_come_back_as_tool_calls_and_the_conversation_goes_on(
     served: tuple[ServeProcess, Path, Path],
 ) -> None:
