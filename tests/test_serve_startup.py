@@ -54,3 +54,8 @@ def test_cors_origins_must_be_exact(tmp_path: Path) -> None:
     for origin in ("*", "https://example.com/app", "example.com"):
         result = trajkit("serve", "--cors_origin", origin, "--port", "0")
         assert result.returncode == 2 and "exact origins" in result.stderr, origin
+
+
+def test_a_record_directory_needs_a_run_name_for_its_name(tmp_path: Path) -> None:
+    result = trajkit("serve", "--record", str(tmp_path / "no good"), "--port", "0")
+    assert result.returncode == 2 and "--record (the directory's name)" in result.stderr

@@ -181,6 +181,7 @@ def build_settings(ctx: click.Context, flags: dict[str, Any]) -> tuple[RunConfig
             serve_settings.record.parent,
             serve_settings.record.name,
         )
+        where["run_name"] = "--record (the directory's name)"
     try:
         return RunConfig(**settings), serve_settings
     except ValidationError as exc:
