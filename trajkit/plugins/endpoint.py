@@ -64,24 +64,29 @@ def validate_base_url(base_url: str) -> None:
 
 
 def validate_api_key(api_key: str) -> None:
-    """Printable ASCII without whitespace: anything else would corrupt the Authorization header."""
-    for position, char in enumerate(api_key):
-        if not 33 <= ord(char) <= 126:
-            what = (
-                "a newline"
-                if char in "\r\n"
-                else "whitespace"
-                if char.isspace()
-                else (
-                    "a control character" if ord(char) < 32 or ord(char) == 127 else "a non-ASCII character"
-                )
-            )
-            raise ModelEndpointError(
-                f"the API key has {what} at position {position + 1} of {len(api_key)}: keys are printable"
-                " ASCII without spaces (was it pasted or exported with a line break?)"
-            )
+    """Printable ASCII without whitespace: anything else would corrupt the Authorization header.
+
+    The message says what and where, never the key itself.
+    """
     if not api_key:
         raise ModelEndpointError("the API key is empty")
+    for position, char in enumerate(api_key):
+        if 33 <= ord(char) <= 126:
+            continue
+        raise ModelEndpointError(
+            f"the API key has {_kind_of(char)} at position {position + 1} of {len(api_key)}: keys are"
+            " printable ASCII without spaces (was it pasted or exported with a line break?)"
+        )
+
+
+def _kind_of(char: str) -> str:
+    if char in "\r\n":
+        return "a newline"
+    if char.isspace():
+        return "whitespace"
+    if ord(char) < 32 or ord(char) == 127:
+        return "a control character"
+    return "a non-ASCII character"
 
 
 def connect_failure(url: str, error: BaseException | str) -> str:
