@@ -48,7 +48,7 @@ from trajkit.plugins.model_transport import (
     describe_error,
 )
 from trajkit.ratelimit import RequestLimiter
-from trajkit.retry import REQUEST_BACKOFF, backoff
+from trajkit.retry import REQUEST_BACKOFF, backoff_delay
 
 log = logging.getLogger("trajkit")
 
@@ -138,6 +138,8 @@ class _Request:
     """Seconds spent in the run's own waits (limiter, outage): not part of the retry budget."""
     probe: bool = False
     failed: Retry | None = None
+    backed_off: int = 0
+    """Waits chosen by the backoff policy so far (not those an answer's Retry-After named)."""
     """The first attempt's failure, handed to tenacity's loop."""
 
 
@@ -178,7 +180,6 @@ class OpenAIClient(ModelClient):
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cost = 0.0
-        self._wait = backoff(*REQUEST_BACKOFF)
         self._retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(Retry),
             stop=self._stop,
@@ -285,7 +286,11 @@ class OpenAIClient(ModelClient):
                 return 0.0  # the guard spaces the probes and holds everyone else
             if failure.retry_after is not None:
                 return failure.retry_after
-        return float(self._wait(state))
+        # The backoff doubles with the failures that named no wait of their own: a 429 that said
+        # how long to wait is no reason to wait longer after the next, unrelated failure.
+        request: _Request = state.args[0]
+        request.backed_off += 1
+        return backoff_delay(request.backed_off, *REQUEST_BACKOFF)
 
     def _stop(self, state: tenacity.RetryCallState) -> bool:
         failure = state.outcome.exception() if state.outcome else None
