@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
-from trajkit.testing.openai_server import OpenAITestServer
+from trajkit.model import ModelNotFound
+from trajkit.plugins.endpoint import check_endpoint
+from trajkit.testing.openai_server import OpenAITestServer, echo_policy
 
 
 def run_cli(tmp: Path, base_url: str, *extra: str, env: dict[str, str] | None = None) -> Any:
@@ -182,3 +184,14 @@ def redirecting(target: str) -> Iterator[str]:
     finally:
         stopped.set()
         thread.join(5)
+
+
+async def test_the_model_list_takes_tagged_variants_and_names_close_matches() -> None:
+    server = OpenAITestServer(echo_policy, models={"llama3:latest", "vendor/model-large", "qwen:7b"})
+    async with server.serving():
+        for served in ("llama3", "llama3:latest", "vendor/model-large:free", "qwen:14b"):
+            await check_endpoint(server.base_url, "k", served)
+        with pytest.raises(ModelNotFound) as caught:
+            await check_endpoint(server.base_url, "k", "vendor/model-larg")
+    assert "not among the 3 models" in str(caught.value)
+    assert "close: vendor/model-large" in str(caught.value)

@@ -243,8 +243,9 @@ def _check_model(model: str, raw: bytes, headers: Mapping[str, str], base: str) 
         log.warning("%s/models is not a model list: the model could not be checked; continuing", public(base))
         return
     ids = {str(entry.get("id")) for entry in listed if isinstance(entry, dict) and entry.get("id")}
-    # A variant suffix (OpenRouter's ":free", ":nitro", ...) names a listed model.
-    if not ids or model in ids or model.split(":", 1)[0] in ids:
+    # A tag names a variant of a listed model, on either side: OpenRouter lists "vendor/model" and
+    # takes "vendor/model:free"; Ollama lists "llama3:latest" and takes "llama3".
+    if not ids or model in ids or model.split(":", 1)[0] in {i.split(":", 1)[0] for i in ids}:
         return
     close = difflib.get_close_matches(model, sorted(ids), n=3, cutoff=0.5)
     hint = f" (close: {', '.join(close)})" if close else ""
