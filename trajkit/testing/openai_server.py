@@ -130,6 +130,16 @@ class OpenAITestServer:
         self._thread_loop: asyncio.AbstractEventLoop | None = None
         self._thread_stop: asyncio.Event | None = None
 
+    @property
+    def latency(self) -> Latency:
+        """Seconds (or a function of the request body giving them) before each answer; a test may
+        change it while the server runs, e.g. to let a resumed run finish quickly."""
+        return self._latency
+
+    @latency.setter
+    def latency(self, value: Latency) -> None:
+        self._latency = value
+
     # -- addresses -------------------------------------------------------------------------
 
     @property
