@@ -7,20 +7,28 @@ import pytest
 from trajkit.config import RunConfig
 from trajkit.manager import load_plugins
 from trajkit.model import ToolCall
+from trajkit.plugins.openai_client import OpenAIClient
 from trajkit.serve.protocol import ChatRequest, ProtocolError, parse_request, split_messages
 from trajkit.serve.service import ServedAgent, tool_label
 from trajkit.serve.settings import ServerKeyError, ServeSettings, check_exposure
 from trajkit.serve.stream import inline_progress
 
 
+class NoParams(OpenAIClient):
+    """A client that cannot take per-call fields."""
+
+    takes_params = False
+
+
 def test_sampling_fields_a_client_cannot_apply_are_refused_not_dropped() -> None:
     agent = ServedAgent(
         RunConfig(model="some/model", api_key="sk-unit-test-key"), ServeSettings(), load_plugins()
     )
-    assert not agent.params_apply  # not started: no transport to carry them yet
     request = ChatRequest.model_validate(
         {"model": "some/model", "messages": [{"role": "user", "content": "x"}]}
     )
+    assert agent.check_request(request.model_copy(update={"max_tokens": 5, "top_p": 0.5})) == []
+    agent.client_class = NoParams
     assert agent.check_request(request) == []
     with pytest.raises(ProtocolError) as caught:
         agent.check_request(request.model_copy(update={"max_tokens": 5, "top_p": 0.5}))

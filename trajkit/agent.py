@@ -68,6 +68,9 @@ class Session:
     They are offered beside :attr:`tools`; a turn that calls one ends the conversation with those
     calls in :attr:`ConversationResult.client_tool_calls` (calls to the session's own tools in that
     turn are dropped unrun, so the history the caller continues from stays well-formed)."""
+    model_params: Mapping[str, Any] | None = None
+    """Request fields for every model call of this session (``trajkit serve``: the API request's
+    ``max_tokens``, ``temperature``...), over the run's own."""
     on_reply: Callable[[AssistantMessage], None] | None = None
     """Called with every model reply as it arrives (``trajkit serve`` streams from it)."""
     on_tool: Callable[[ToolCall, ToolStatus], None] | None = None
@@ -109,7 +112,10 @@ async def run_conversation(session: Session, prompt: str | Sequence[Message]) ->
     )
 
     while result.api_calls < session.max_turns:
-        reply = await session.client.complete(head + history, schemas)
+        if session.model_params:
+            reply = await session.client.complete(head + history, schemas, session.model_params)
+        else:  # the two-argument call every client takes, those written before params too
+            reply = await session.client.complete(head + history, schemas)
         result.api_calls += 1
         result.usage.add(reply.usage)
         result.finish_reason = reply.finish_reason

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -104,6 +105,9 @@ class ModelClient(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    takes_params: ClassVar[bool] = False
+    """Whether :meth:`complete` takes ``params`` (sampling fields); a client that cannot says so,
+    and a caller with fields to pass refuses them rather than drop them."""
 
     @classmethod
     @abstractmethod
@@ -111,8 +115,15 @@ class ModelClient(ABC):
         """Build the client; raise :class:`ModelConfigError` for a configuration that cannot work."""
 
     @abstractmethod
-    async def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> AssistantMessage:
-        """One model call. Raises :class:`ModelError` once retries are exhausted."""
+    async def complete(
+        self, messages: list[Message], tools: list[dict[str, Any]], params: Mapping[str, Any] | None = None
+    ) -> AssistantMessage:
+        """One model call. Raises :class:`ModelError` once retries are exhausted.
+
+        ``params`` are request fields for this call alone (``max_tokens``, ``temperature``,
+        ``top_p``, ``stop``...), over the run's own; clients whose :attr:`takes_params` is false
+        ignore them.
+        """
 
     async def check(self) -> None:
         """Called once before the first session (before any sandbox starts).

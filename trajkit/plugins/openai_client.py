@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -152,6 +153,7 @@ class OpenAIClient(ModelClient):
     """
 
     name = "openai"
+    takes_params = True
     description = "any OpenAI-compatible chat completions endpoint (--base_url, --model SLUG)"
 
     def __init__(
@@ -207,11 +209,13 @@ class OpenAIClient(ModelClient):
     async def check(self) -> None:
         await check_endpoint(self.transport.base_url, self.transport.api_key, self.model)
 
-    async def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> AssistantMessage:
-        body: dict[str, Any] = {"model": self.model, "messages": messages, **self.extras}
+    async def complete(
+        self, messages: list[Message], tools: list[dict[str, Any]], params: Mapping[str, Any] | None = None
+    ) -> AssistantMessage:
+        body: dict[str, Any] = {"model": self.model, "messages": messages, **self.extras, **(params or {})}
         if tools:
             body["tools"] = tools
-        request = _Request(body, _estimate_tokens(body) + int(self.extras.get("max_tokens") or 0))
+        request = _Request(body, _estimate_tokens(body) + int(body.get("max_tokens") or 0))
         try:
             # Most requests succeed at once: only then is tenacity's bookkeeping (about 40 us a
             # call, a tenth of the rest of a turn) left out.

@@ -8,6 +8,7 @@ The same policy serves the project's HTTP test server, so offline and online run
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from trajkit import hookimpl
@@ -22,13 +23,17 @@ def trajkit_model_clients() -> list[type[ModelClient]]:
 
 class ScriptedModel(ModelClient):
     name = "scripted"
+    takes_params = True
+    """Accepted, and they change nothing: a scripted reply has no sampling to set."""
     description = "offline deterministic agent that exercises the offered tools"
 
     @classmethod
     def from_config(cls, config: RunConfig) -> ScriptedModel:
         return cls()
 
-    async def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> AssistantMessage:
+    async def complete(
+        self, messages: list[Message], tools: list[dict[str, Any]], params: Mapping[str, Any] | None = None
+    ) -> AssistantMessage:
         reply = scripted_reply(messages, [t["function"]["name"] for t in tools])
         prompt_chars = sum(len(str(m.get("content") or "")) for m in messages)
         usage = {"prompt_tokens": prompt_chars // 4 + 1, "completion_tokens": len(json.dumps(reply)) // 4 + 1}

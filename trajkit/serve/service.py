@@ -1,16 +1,12 @@
 """The agent behind the API: one model client and one sandbox backend for the server's life, a
 fresh sandbox and session per request, every finished session handed to the recorder.
 
-Per-request sampling fields reach the model through :data:`REQUEST_PARAMS`: the model client
-interface takes no per-call parameters, so the OpenAI-compatible client's transport is wrapped
-once to merge them into each request body of the session that set them (a context variable
-follows the session's task and nothing else).
+Per-request sampling fields reach the model as the session's ``model_params``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import logging
 import os
@@ -33,35 +29,6 @@ from trajkit.serve.recorder import Recorder
 from trajkit.serve.settings import ServeSettings
 
 log = logging.getLogger("trajkit")
-
-REQUEST_PARAMS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("trajkit_request_params")
-"""Sampling fields of the request being served (``max_tokens``, ``temperature``, ``top_p``, ...)."""
-
-
-class ParamsTransport:
-    """Wraps a model client's transport: each posted body takes the serving request's fields."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    async def post(self, body: dict[str, Any]) -> bytes:
-        params = REQUEST_PARAMS.get(None)
-        result: bytes = await self.inner.post({**body, **params} if params else body)
-        return result
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-def takes_request_params(client: ModelClient) -> bool:
-    """Install :class:`ParamsTransport` on a client that posts request bodies (the OpenAI-compatible
-    one); False for a client without one (the offline scripted model has no sampling to set)."""
-    transport = getattr(client, "transport", None)
-    if transport is None or not callable(getattr(transport, "post", None)):
-        return False
-    if not isinstance(transport, ParamsTransport):
-        client.transport = ParamsTransport(transport)  # type: ignore[attr-defined]
-    return True
 
 
 @dataclass
@@ -100,13 +67,11 @@ class ServedAgent:
         )
         self.client: ModelClient
         self.backend: SandboxBackend
-        self.params_apply = False
 
     async def start(self) -> None:
         """Check the endpoint, start the backend (clearing what dead servers left), open the run."""
         self.client = self.client_class.from_config(self.config)
         await self.client.check()
-        self.params_apply = takes_request_params(self.client)
         backend_class = self.host.backend(self.config.sandbox)
         self.backend = backend_class(self.config.sandbox_options.get(self.config.sandbox, {}))
         reaped = await self.backend.reap()
@@ -127,7 +92,7 @@ class ServedAgent:
     def check_request(self, request: ChatRequest) -> list[dict[str, Any]]:
         """Refuse what this server cannot honour; returns the client's tool schemas."""
         params = request.model_params()
-        if params and not self.params_apply and self.client_class.name != "scripted":
+        if params and not self.client_class.takes_params:
             raise ProtocolError(
                 400, f"the model client {self.client_class.name!r} takes no per-request "
                 f"{', '.join(sorted(params))}", param=sorted(params)[0],
@@ -143,11 +108,10 @@ class ServedAgent:
 
     async def housekeeping(self, request: ChatRequest, messages: list[Message]) -> AssistantMessage:
         """A chat UI's own request (a title, tags, follow-ups): one plain model call, no tools."""
-        token = REQUEST_PARAMS.set(request.model_params())
-        try:
-            return await self.client.complete(messages, [])
-        finally:
-            REQUEST_PARAMS.reset(token)
+        params = request.model_params()
+        if params:
+            return await self.client.complete(messages, [], params)
+        return await self.client.complete(messages, [])
 
     async def run(
         self,
@@ -178,16 +142,13 @@ class ServedAgent:
             work_id=request_id,
             lifetime=min(self.config.sandbox_lifetime, self.settings.request_timeout + 120),
         )
-        token = REQUEST_PARAMS.set(request.model_params())
+        sandbox = await self.backend.create(spec)
         try:
-            sandbox = await self.backend.create(spec)
-            try:
-                session = self._session(sandbox, tools, system, client_tools, replied, on_tool)
-                result = await run_conversation(session, conversation)
-            finally:
-                await _close(sandbox)
+            session = self._session(sandbox, tools, system, client_tools, replied, on_tool)
+            session.model_params = request.model_params()
+            result = await run_conversation(session, conversation)
         finally:
-            REQUEST_PARAMS.reset(token)
+            await _close(sandbox)
         if self.recorder is not None:
             self.recorder.record(
                 result, conversation, sorted(toolsets), sorted(tools) + sorted(client_names),
