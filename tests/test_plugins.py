@@ -122,6 +122,56 @@ def test_unknown_backend_names_the_package() -> None:
         host.backend("docker")
 
 
+def test_package_hints_come_from_plugins() -> None:
+    hint = plugin_with(
+        trajkit_package_hints=lambda: {"firecracker": "trajkit-firecracker", "docker": "other"}
+    )
+    host = load_plugins(entry_points=False, extra=[("hints", hint)])
+    with pytest.raises(PluginError, match="pip install trajkit-firecracker"):
+        host.backend("firecracker")
+    with pytest.raises(PluginError, match="pip install other"):  # a later plugin is asked first
+        host.backend("docker")
+    blocked = load_plugins(entry_points=False, blocked={"trajkit.plugins.package_hints"})
+    with pytest.raises(PluginError, match="unknown sandbox backend 'docker'"):
+        blocked.backend("docker")
+
+
+def test_defaults_come_from_plugin_metadata_not_names() -> None:
+    from trajkit.model import ModelClient
+    from trajkit.plugins.local_sandbox import LocalBackend
+    from trajkit.plugins.writers import ShareGPTWriter
+
+    host = load_plugins(entry_points=False)
+    assert host.model_client("scripted").name == "scripted"
+    assert host.model_client("vendor/any-model").name == "openai"  # the one that takes model names
+    with pytest.raises(PluginError, match="none installed is made for it: install one of docker"):
+        host.image_backend()
+
+    class Anywhere(ModelClient):
+        name = "anywhere"
+        takes_any_model = True
+
+    class Images(LocalBackend):
+        name = "images"
+        default_for_images = True
+
+    class Markdown(ShareGPTWriter):
+        name = "markdown"
+        filename = "trajectories.md"
+        default = False
+
+    extra = plugin_with(
+        trajkit_model_clients=lambda: [Anywhere],
+        trajkit_sandbox_backends=lambda: [Images],
+        trajkit_writers=lambda: [Markdown],
+    )
+    host = load_plugins(entry_points=False, extra=[("extra", extra)])
+    with pytest.raises(PluginError, match=r"several model clients take model names \(anywhere, openai\)"):
+        host.model_client("vendor/any-model")
+    assert host.image_backend() == "images"
+    assert sorted(name for name, cls in host.writers.items() if cls.default) == ["sharegpt"]
+
+
 def test_lifecycle_hooks_fire_in_order(tmp_path: Path) -> None:
     import asyncio
 
@@ -154,7 +204,7 @@ def test_lifecycle_hooks_fire_in_order(tmp_path: Path) -> None:
 
 def test_every_hook_spec_is_documented_and_exercised() -> None:
     specs = [name for name in dir(hookspecs) if name.startswith("trajkit_")]
-    assert len(specs) == 12
+    assert len(specs) == 13
     sources = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
     for name in specs:
         assert (getattr(hookspecs, name).__doc__ or "").strip(), f"{name} has no docstring"

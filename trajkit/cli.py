@@ -136,7 +136,11 @@ def cli() -> None:
 @option("log_prefix_chars", type=int, default=100, show_default=True)
 @option("seed", type=int, default=0, show_default=True, help="Seeds toolset sampling per prompt.")
 @option("sandbox", default="local", show_default=True, help="Backend for rows without an image.")
-@option("image_backend", default="docker", show_default=True, help="Backend for rows with an image.")
+@option(
+    "image_backend",
+    default=None,
+    help="Backend for rows with an image (default: the installed backend made for images, docker).",
+)
 @option(
     "sandbox_option",
     "sandbox_options",
@@ -201,7 +205,6 @@ def run(ctx: click.Context, **flags: Any) -> None:
             raise click.UsageError(f"--{required} is required (on the command line or in --config)")
     prefill = settings.pop("prefill_messages_file", None)
     settings["prefill_messages"] = read_prefill(Path(prefill)) if prefill else []
-    settings["writers"] = settings["writers"] or ["sharegpt"]
     if settings.get("system_prompt") is None:
         settings.pop("system_prompt", None)
     try:

@@ -99,7 +99,9 @@ class RunConfig(BaseModel):
     prefill_messages: list[dict[str, Any]] = []
 
     sandbox: str = "local"
-    image_backend: str = "docker"
+    image_backend: str | None = None
+    """Backend for rows with an image that no route or row names; default: the installed backend
+    made for images."""
     sandbox_options: dict[str, dict[str, str]] = {}
     sandbox_lifetime: float = Field(3600.0, gt=0)
     tool_timeout: float = Field(120.0, gt=0)
@@ -112,7 +114,8 @@ class RunConfig(BaseModel):
     disabled_filters: list[str] = []
     filter_options: dict[str, dict[str, Any]] = {}
     """Filter name -> keyword options for that filter's constructor."""
-    writers: list[str] = ["sharegpt"]
+    writers: list[str] = []
+    """Output writers; default: the ones registered as default."""
 
     distributions: dict[str, dict[str, float]] = {}
     """Distributions defined in the configuration file: name -> toolset -> probability."""

@@ -98,7 +98,7 @@ def trajkit_writers() -> Sequence[type[OutputWriter]]:
     """Register output writers.
 
     :return: :class:`trajkit.writers.OutputWriter` subclasses with unique names; ``--writer``
-        selects them (``sharegpt`` by default).
+        selects them, the ones marked ``default`` when it is not given.
     """
 
 
@@ -125,6 +125,19 @@ def trajkit_token_counters() -> Sequence[type[TokenCounter]]:
         and a pydantic ``Settings`` model; ``--tokenizer NAME`` selects one by name, and any other
         value is passed as the ``source`` setting of the counter that sets ``accepts_source``.
         All implementations' results are collected; duplicate names are an error naming both.
+    """
+
+
+@hookspec
+def trajkit_package_hints() -> dict[str, str]:
+    """Name plugins that live in packages of their own, so a name that is not installed can say
+    what to install.
+
+    Called when a name (a sandbox backend, ...) is asked for and no installed plugin has it.
+
+    :return: plugin name -> the pip package that provides it. Results are merged; for a name given
+        by several plugins the first answer counts, and plugins registered later (installed
+        packages, after the built-ins) are asked first.
     """
 
 

@@ -57,9 +57,8 @@ class Agent:
         self.image = image
 
     async def arun_conversation(self, prompt: str) -> ConversationResult:
-        from trajkit.runner import model_client_class
 
-        client = model_client_class(self.config, self.host).from_config(self.config)
+        client = self.host.model_client(self.config.model).from_config(self.config)
         backend = self.host.backend(self.config.sandbox)(self.config.sandbox_options.get(self.config.sandbox))
         try:
             if self.image:

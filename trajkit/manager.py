@@ -47,14 +47,8 @@ DEFAULT_PLUGINS = (
     "trajkit.plugins.compressors",
     "trajkit.plugins.token_counters",
     "trajkit.plugins.serve",
+    "trajkit.plugins.package_hints",
 )
-
-# Backends that live in their own packages, so an unknown name can say what to install.
-BACKEND_PACKAGES = {
-    "docker": "trajkit-docker",
-    "modal": "trajkit-modal",
-    "singularity": "trajkit-singularity",
-}
 
 T = TypeVar("T")
 
@@ -124,18 +118,59 @@ class PluginHost:
     def token_counters(self) -> dict[str, type[TokenCounter]]:
         return self._registry("trajkit_token_counters", "token counter", lambda c: c.name)
 
+    @cached_property
+    def package_hints(self) -> dict[str, str]:
+        hints: dict[str, str] = {}
+        for answer in self.pm.hook.trajkit_package_hints():
+            for name, package in answer.items():
+                hints.setdefault(name, package)
+        return hints
+
     def backend(self, name: str) -> type[SandboxBackend]:
         """The backend class called ``name``, or an error that says what to install."""
         if name in self.backends:
             return self.backends[name]
         message = f"unknown sandbox backend {name!r} (installed: {', '.join(sorted(self.backends))})"
-        if name in BACKEND_PACKAGES:
+        package = self.package_hints.get(name)
+        if package:
             message = (
-                f"sandbox backend {name!r} is not installed: pip install {BACKEND_PACKAGES[name]} "
-                f"(or ./{BACKEND_PACKAGES[name].replace('-', '_')} from the source tree)"
+                f"sandbox backend {name!r} is not installed: pip install {package} "
+                f"(or ./{package.replace('-', '_')} from the source tree)"
             )
         failed = [str(e) for e in self.load_errors if e.name == name]
         raise PluginError("; ".join([message, *failed]))
+
+    def image_backend(self) -> str:
+        """The backend for rows with an image that nothing else routes: the one made for images."""
+        chosen = sorted(name for name, cls in self.backends.items() if cls.default_for_images)
+        if len(chosen) == 1:
+            return chosen[0]
+        if chosen:
+            raise PluginError(
+                f"several backends take rows with an image ({', '.join(chosen)}): pass --image_backend"
+            )
+        hints = [f"{name} (pip install {package})" for name, package in sorted(self.package_hints.items())]
+        raise PluginError(
+            "rows with an image need a backend that runs images, and none installed is made for it: "
+            f"install one of {', '.join(hints) or 'the container backends'}, or pass --image_backend"
+        )
+
+    def model_client(self, model: str) -> type[ModelClient]:
+        """The client called ``model``, else the one that serves any model name (an endpoint's slug)."""
+        if model in self.model_clients:
+            return self.model_clients[model]
+        general = sorted(name for name, cls in self.model_clients.items() if cls.takes_any_model)
+        if len(general) == 1:
+            return self.model_clients[general[0]]
+        if general:
+            raise PluginError(
+                f"several model clients take model names ({', '.join(general)}); "
+                "disable all but one with TRAJKIT_DISABLE_PLUGINS"
+            )
+        raise PluginError(
+            f"no model client is called {model!r}, and none installed takes model names "
+            f"(installed: {', '.join(sorted(self.model_clients))})"
+        )
 
     def registrations(self, plugin: object) -> dict[str, list[str]]:
         """What one plugin registers, by concern, for ``trajkit plugins``."""

@@ -105,6 +105,9 @@ class ModelClient(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    takes_any_model: ClassVar[bool] = False
+    """Whether the client serves a ``--model`` that names no client (an endpoint's model slug).
+    Exactly one installed client should; ``--model NAME`` of a client's own name picks that one."""
     takes_params: ClassVar[bool] = False
     """Whether :meth:`complete` takes ``params`` (sampling fields); a client that cannot says so,
     and a caller with fields to pass refuses them rather than drop them."""

@@ -79,12 +79,6 @@ class RunOutcome:
     row_errors: list[RowError]
 
 
-def model_client_class(config: RunConfig, host: PluginHost) -> type[ModelClient]:
-    """``--model scripted`` names a client; any other model is a slug for the OpenAI-compatible one."""
-    clients = host.model_clients
-    return clients.get(config.model) or clients["openai"]
-
-
 class Runner:
     def __init__(self, config: RunConfig, host: PluginHost) -> None:
         self.config = config
@@ -98,7 +92,7 @@ class Runner:
         )
         self.filters = self._filters()
         self.writers = self._writers()
-        self.client_class = model_client_class(config, host)
+        self.client_class = host.model_client(config.model)
         self.backends: dict[str, SandboxBackend] = {}
         self.digests: dict[tuple[str, str], str | None] = {}
         self.image_failures: dict[tuple[str, str], str] = {}
@@ -152,10 +146,11 @@ class Runner:
 
     def _writers(self) -> list[OutputWriter]:
         registered = self.host.writers
-        unknown = sorted(set(self.config.writers) - set(registered))
-        if unknown or not self.config.writers:
+        names = self.config.writers or sorted(name for name, cls in registered.items() if cls.default)
+        unknown = sorted(set(names) - set(registered))
+        if unknown or not names:
             raise RunError(f"unknown writer(s) {unknown}; available: {', '.join(sorted(registered))}")
-        return [registered[name]() for name in dict.fromkeys(self.config.writers)]
+        return [registered[name]() for name in dict.fromkeys(names)]
 
     # -- the run -----------------------------------------------------------------------------------
 
@@ -242,8 +237,8 @@ class Runner:
         path = self.config.dataset_file
         assert path is not None
         for item in items:
-            name = item.row.backend or self._default_backend(item.row.image)
             try:
+                name = item.row.backend or self._default_backend(item.row.image)
                 backend_class = self.host.backend(name)
             except PluginError as exc:
                 errors.append(RowError(path, item.line, str(exc)))
@@ -265,7 +260,7 @@ class Runner:
         for name, backend_class in sorted(self.host.backends.items()):
             if backend_class.image_based and backend_class.owns_image(image):
                 return name
-        return self.config.image_backend
+        return self.config.image_backend or self.host.image_backend()
 
     async def _execute(self, pending: list[WorkItem], routes: dict[int, str]) -> None:
         client = self.client_class.from_config(self.config)

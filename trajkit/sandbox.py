@@ -156,6 +156,8 @@ class SandboxBackend(ABC):
 
     name: ClassVar[str]
     image_based: ClassVar[bool] = False
+    default_for_images: ClassVar[bool] = False
+    """Rows with an image that name no backend (and no ``--image_backend`` or route) go here."""
     description: ClassVar[str] = ""
 
     def __init__(self, options: Mapping[str, object] | None = None) -> None:

@@ -20,6 +20,8 @@ class OutputWriter(ABC):
     name: ClassVar[str]
     filename: ClassVar[str]
     description: ClassVar[str] = ""
+    default: ClassVar[bool] = False
+    """Written when the run names no ``--writer``."""
 
     @abstractmethod
     def write(self, records: Iterable[Record], path: Path) -> int:

@@ -153,6 +153,7 @@ class OpenAIClient(ModelClient):
     """
 
     name = "openai"
+    takes_any_model = True
     takes_params = True
     description = "any OpenAI-compatible chat completions endpoint (--base_url, --model SLUG)"
 

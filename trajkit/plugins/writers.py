@@ -50,6 +50,7 @@ def trajkit_writers() -> list[type[OutputWriter]]:
 
 class ShareGPTWriter(OutputWriter):
     name = "sharegpt"
+    default = True
     filename = "trajectories.jsonl"
     description = "trajectory records with ShareGPT conversations (the default)"
 

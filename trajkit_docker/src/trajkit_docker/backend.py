@@ -71,6 +71,7 @@ class DockerBackend(SandboxBackend):
 
     name: ClassVar[str] = "docker"
     image_based: ClassVar[bool] = True
+    default_for_images: ClassVar[bool] = True
     description: ClassVar[str] = (
         "one container per prompt; options: network (none|host|bridge), cpus, memory (default 4g), "
         "pids_limit (default 1024; none lifts either), "
