@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import re
 import shutil
@@ -376,10 +377,9 @@ def chromium_missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
-    need_engine("chromium", chromium_missing())
-    profile = tmp_path_factory.mktemp("chromium-profile")
+@contextlib.contextmanager
+def headless_chromium(profile: Path) -> Iterator[DevTools]:
+    """A headless Chromium on a fresh profile, driven over DevTools; stopped however the block ends."""
     log = (profile.parent / "chromium.log").open("w")
     process = subprocess.Popen(
         ["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
@@ -395,9 +395,6 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
         tools = DevTools(page["webSocketDebuggerUrl"])
         for domain in ("Page", "Runtime", "Log", "Network"):
             tools.call(f"{domain}.enable")
-        tools.call(
-            "Emulation.setDeviceMetricsOverride", width=1400, height=950, deviceScaleFactor=1, mobile=False
-        )
         yield tools
         tools.close()
     finally:
@@ -408,6 +405,16 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
             process.kill()
             process.wait()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
+    need_engine("chromium", chromium_missing())
+    with headless_chromium(tmp_path_factory.mktemp("chromium-profile")) as tools:
+        tools.call(
+            "Emulation.setDeviceMetricsOverride", width=1400, height=950, deviceScaleFactor=1, mobile=False
+        )
+        yield tools
 
 
 def wait_for_devtools_port(path: Path, process: subprocess.Popen[bytes]) -> int:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import subprocess
 import threading
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.serve_helpers import MODEL, ServeProcess, serve_policy, write_key
-from tests.test_report import CHROMIUM_FLAGS, DevTools, chromium_missing, wait_for_devtools_port
+from tests.test_report import DevTools, chromium_missing, headless_chromium
 from trajkit.testing.engines import need_engine
 from trajkit.testing.openai_server import OpenAITestServer
 
@@ -78,31 +76,8 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
     need_engine("chromium", chromium_missing())
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    log = (profile.parent / "chromium.log").open("w")
-    process = subprocess.Popen(
-        ["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        port = wait_for_devtools_port(profile / "DevToolsActivePort", process)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as answer:
-            page = next(t for t in json.load(answer) if t["type"] == "page")
-        tools = DevTools(page["webSocketDebuggerUrl"])
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            tools.call(f"{domain}.enable")
+    with headless_chromium(tmp_path_factory.mktemp("chromium-profile")) as tools:
         yield tools
-        tools.close()
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 def write_page(root: Path, base_url: str, prompt: str) -> None:
