@@ -12,7 +12,7 @@ from trajkit import hookimpl
 from trajkit.compress.base import CompressionContext, SummaryResult
 from trajkit.compress.counters import EstimateCounter
 from trajkit.compress.mask import MaskObservations, MaskSettings
-from trajkit.compress.options import OptionError, build_settings, parse_pairs
+from trajkit.settings import OptionError, build_settings, parse_pairs
 from trajkit.compress.summary import Pipeline, PipelineSettings, Summary, SummarySettings
 from trajkit.compress.turns import SUMMARY_PREFIX, TOOL_RESPONSE_BLOCK, problems, units
 from trajkit.manager import PluginError, load_plugins

@@ -116,6 +116,12 @@ class RunConfig(BaseModel):
     """Filter name -> keyword options for that filter's constructor."""
     writers: list[str] = []
     """Output writers; default: the ones registered as default."""
+    writer_options: dict[str, Any] = {}
+    """Writer name -> its settings."""
+    executor: str = "local"
+    """Runs the sessions: ``local`` on this process's event loop, or an executor plugin's."""
+    executor_options: dict[str, Any] = {}
+    """Executor name -> its settings."""
 
     distributions: dict[str, dict[str, float]] = {}
     """Distributions defined in the configuration file: name -> toolset -> probability."""

@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from trajkit.settings import StrictSettings
+
 Record = Mapping[str, Any]
 """A trajectory record as stored in the ledger (one JSON object)."""
 
@@ -21,10 +23,13 @@ class TrajectoryFilter(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     enabled_by_default: ClassVar[bool] = True
+    Settings: ClassVar[type[StrictSettings]] = StrictSettings
+    """The filter's settings (``--filter_option NAME.KEY=VALUE``, ``--NAME.KEY``, the
+    configuration file's ``[filter_options.NAME]``); none by default."""
 
-    def __init__(self, **options: Any) -> None:
-        """``options`` come from the configuration file's ``[filter_options.NAME]`` table."""
-        self.options = options
+    def __init__(self, settings: StrictSettings | Mapping[str, Any] | None = None, **options: Any) -> None:
+        """``settings`` (or keyword ``options``) are validated against :attr:`Settings`."""
+        self.settings = self.Settings.model_validate(settings if settings is not None else options)
 
     @abstractmethod
     def check(self, record: Record) -> str | None:

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trajkit.settings import StrictSettings
+
 if TYPE_CHECKING:
     from trajkit.config import RunConfig
 
@@ -108,6 +110,10 @@ class ModelClient(ABC):
     takes_any_model: ClassVar[bool] = False
     """Whether the client serves a ``--model`` that names no client (an endpoint's model slug).
     Exactly one installed client should; ``--model NAME`` of a client's own name picks that one."""
+    Settings: ClassVar[type[StrictSettings]] = StrictSettings
+    """The client's settings. They are flags and configuration-file keys of their own name
+    (``--max_retries``), saved under ``model_options.NAME``; read them in :meth:`from_config`
+    with ``config.settings_of(cls)``. None by default."""
     takes_params: ClassVar[bool] = False
     """Whether :meth:`complete` takes ``params`` (sampling fields); a client that cannot says so,
     and a caller with fields to pass refuses them rather than drop them."""

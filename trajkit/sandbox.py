@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
+from trajkit.settings import StrictSettings
+
 DEFAULT_CWD = "/work"
 """Where a prompt's commands run when its row names no ``cwd``."""
 DEFAULT_OUTPUT_CAP = 64 * 1024
@@ -159,9 +161,14 @@ class SandboxBackend(ABC):
     default_for_images: ClassVar[bool] = False
     """Rows with an image that name no backend (and no ``--image_backend`` or route) go here."""
     description: ClassVar[str] = ""
+    Settings: ClassVar[type[StrictSettings]] = StrictSettings
+    """The backend's settings (``--sandbox_option NAME.KEY=VALUE``, ``--NAME.KEY``, the
+    configuration file's ``[sandbox_options.NAME]``); none by default."""
 
-    def __init__(self, options: Mapping[str, object] | None = None) -> None:
-        self.options: Mapping[str, object] = options or {}
+    def __init__(self, settings: StrictSettings | Mapping[str, object] | None = None) -> None:
+        """``settings``: an instance of :attr:`Settings`, or a mapping validated against it
+        (a wrong key or value raises :class:`pydantic.ValidationError`)."""
+        self.settings = self.Settings.model_validate(settings if settings is not None else {})
 
     @classmethod
     def owns_image(cls, image: str) -> bool:

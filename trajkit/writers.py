@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from trajkit.filters import Record
+from trajkit.settings import StrictSettings
 
 
 class OutputWriter(ABC):
@@ -22,6 +23,12 @@ class OutputWriter(ABC):
     description: ClassVar[str] = ""
     default: ClassVar[bool] = False
     """Written when the run names no ``--writer``."""
+    Settings: ClassVar[type[StrictSettings]] = StrictSettings
+    """The writer's settings (``--writer_option NAME.KEY=VALUE``, ``--NAME.KEY``, the
+    configuration file's ``[writer_options.NAME]``); none by default."""
+
+    def __init__(self, settings: StrictSettings | Mapping[str, Any] | None = None) -> None:
+        self.settings = self.Settings.model_validate(settings if settings is not None else {})
 
     @abstractmethod
     def write(self, records: Iterable[Record], path: Path) -> int:

@@ -11,16 +11,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from trajkit.settings import StrictSettings
 
 Turn = dict[str, Any]
 """One ShareGPT turn as found in the record: ``from``, ``value`` and whatever else it carries."""
-
-
-class StrictSettings(BaseModel):
-    """Base of every plugin settings model: unknown keys are errors, instances are immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class TokenCounter(ABC):

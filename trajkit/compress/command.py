@@ -86,7 +86,7 @@ def compress(ctx: click.Context, **flags: Any) -> None:
 
 
 def _list(host: PluginHost) -> None:
-    from trajkit.compress.options import describe_settings
+    from trajkit.settings import describe_settings
 
     registries: list[tuple[str, dict[str, Any]]] = [
         ("strategies", dict(host.compressors)),

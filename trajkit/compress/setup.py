@@ -23,11 +23,11 @@ from trajkit.compress.engine import (
     sidecar,
 )
 from trajkit.compress.metrics import Metrics
-from trajkit.compress.options import OptionError, build_settings, parse_pairs
 from trajkit.manager import PluginHost
 from trajkit.model import ModelClient, ModelError
 from trajkit.rundir import KEPT_FILE, RunIOError, write_json_atomic
 from trajkit.secrets import Scrubber, environment_secrets
+from trajkit.settings import OptionError, build_settings, parse_pairs
 
 log = logging.getLogger("trajkit")
 

@@ -1,10 +1,23 @@
-"""``KEY=VALUE`` pairs validated against a plugin's settings model, with errors a person can act on."""
+"""Plugin settings: each plugin class declares a pydantic model, ``Settings``, the one place its
+settings' defaults, types and descriptions live. Flags, configuration-file sections, ``KEY=VALUE``
+options and the error messages all come from those models through this module.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class StrictSettings(BaseModel):
+    """Base of every plugin settings model: unknown keys are errors, instances are immutable.
+
+    Schemas are built on first use (``defer_build``): a command pays only for the models it
+    validates, not for every installed plugin's.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class OptionError(ValueError):
