@@ -18,9 +18,16 @@ from typing import Any
 
 import click
 from click.core import ParameterSource
-from pydantic import ValidationError
 
 from trajkit import __version__
+from trajkit.cli_options import (
+    GroupedCommand,
+    SettingOption,
+    given_settings,
+    model_options,
+    plugin_options,
+    spellings,
+)
 from trajkit.config import ConfigFileError, RunConfig, read_config_file
 from trajkit.manager import PluginError, PluginHost, load_plugins
 
@@ -69,6 +76,11 @@ class TrajkitGroup(click.Group):
         except PluginError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        try:
+            run.params = run_params(host)
+        except PluginError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
         host.register_commands(self)
         kwargs.setdefault("obj", host)
         return super().main(*args, **kwargs)
@@ -85,134 +97,81 @@ def cli() -> None:
     log.setLevel(logging.INFO)
 
 
-@cli.command()
-@option(
-    "config",
-    type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    default=None,
-    help="TOML or YAML file with any of these settings and more; flags override it.",
-)
-@option("dataset_file", type=click.Path(path_type=Path), help='JSONL file, one {"prompt": ...} per line.')
-@option("run_name", help="Names the run directory under --output_dir.")
-@option("output_dir", type=click.Path(path_type=Path), default=Path("data"), show_default=True)
-@option("batch_size", type=int, default=100, show_default=True, help="Records per ledger file.")
-@option("distribution", default="default", show_default=True, help="Toolset distribution.")
-@option("model", default="scripted", show_default=True, help="'scripted' (offline) or a model slug.")
-@option("base_url", default="https://openrouter.ai/api/v1", show_default=True)
-@option(
-    "api_key",
-    default=None,
-    help="Default: $OPENROUTER_API_KEY or $OPENAI_API_KEY. On the command line the key shows in the "
-    "process list: prefer the environment or --api_key_file.",
-)
-@option(
-    "api_key_file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="A file holding the API key.",
-)
-@option("max_turns", type=int, default=10, show_default=True, help="Model calls per prompt at most.")
-@option("num_workers", type=int, default=16, show_default=True, help="Sessions in flight at once.")
-@option("resume", is_flag=True, help="Continue the run in the run directory.")
-@option("overwrite", is_flag=True, help="Delete an existing run of this name first.")
-@option("verbose", is_flag=True)
-@option("quiet", is_flag=True, help="No progress display.")
-@option("max_samples", type=int, default=None, help="Use only the first N rows.")
-@option("providers_allowed", callback=comma_list, help="OpenRouter providers to use, comma-separated.")
-@option("providers_ignored", callback=comma_list, help="OpenRouter providers to avoid.")
-@option("providers_order", callback=comma_list, help="OpenRouter providers to try in order.")
-@option("provider_sort", type=click.Choice(["price", "throughput", "latency"]), default=None)
-@option(
-    "reasoning_effort",
-    type=click.Choice(["none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra"]),
-    default=None,
-)
-@option("reasoning_disabled", is_flag=True)
-@option("max_tokens", type=int, default=None)
-@option("temperature", type=float, default=None)
-@option("ephemeral_system_prompt", default=None, help="Used in every session, never saved.")
-@option("system_prompt", default=None, help="Replaces the default system prompt (saved).")
-@option("prefill_messages_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None)
-@option("log_prefix_chars", type=int, default=100, show_default=True)
-@option("seed", type=int, default=0, show_default=True, help="Seeds toolset sampling per prompt.")
-@option("sandbox", default="local", show_default=True, help="Backend for rows without an image.")
-@option(
-    "image_backend",
-    default=None,
-    help="Backend for rows with an image (default: the installed backend made for images, docker).",
-)
-@option(
-    "sandbox_option",
-    "sandbox_options",
-    multiple=True,
-    callback=key_values,
-    help="BACKEND.KEY=VALUE, repeatable.",
-)
-@option("prompt_timeout", type=float, default=1800.0, show_default=True, help="Seconds per prompt attempt.")
-@option("tool_timeout", type=float, default=120.0, show_default=True)
-@option("max_attempts", type=int, default=3, show_default=True, help="Attempts per prompt in one invocation.")
-@option(
-    "retry_backoff",
-    type=float,
-    default=2.0,
-    show_default=True,
-    help="Seconds before the 2nd attempt; doubles.",
-)
-@option("max_retries", type=int, default=6, show_default=True, help="Retries of one model request.")
-@option("retry_budget", type=float, default=900.0, show_default=True, help="Seconds one request may retry.")
-@option("max_concurrent_requests", type=int, default=None, help="Model requests in flight at most.")
-@option("max_rpm", type=float, default=None, help="Model requests per minute at most.")
-@option("max_tpm", type=float, default=None, help="Tokens per minute at most (estimated before each call).")
-@option("max_cost", type=float, default=None, help="Stop starting sessions once the run has cost this much.")
-@option(
-    "transport",
-    type=click.Choice(["aiohttp", "sdk", "builtin"]),
-    default="aiohttp",
-    show_default=True,
-    help="How model requests are sent: aiohttp (honours HTTP(S)_PROXY/NO_PROXY) or the openai "
-    "SDK's own path; 'builtin' (retired) is taken as aiohttp with a warning.",
-)
-@option("request_timeout", type=float, default=600.0, show_default=True, help="Seconds per model request.")
-@option("sandbox_lifetime", type=float, default=3600.0, show_default=True, help="Seconds a sandbox may live.")
-@option("tool_output_cap", type=int, default=16384, show_default=True, help="Bytes of tool output kept.")
-@option("filter", "filters", multiple=True, help="Enable a filter that is off by default.")
-@option("no_filter", "disabled_filters", multiple=True, help="Disable a filter.")
-@option("writer", "writers", multiple=True, help="Output writer(s); default sharegpt.")
-@option("list_distributions", is_flag=True, help="List toolset distributions and exit.")
+@cli.command(cls=GroupedCommand)
 @click.pass_context
 def run(ctx: click.Context, **flags: Any) -> None:
-    """Run every prompt of DATASET_FILE through an agent session and write the run directory."""
+    """Run every prompt of DATASET_FILE through an agent session and write the run directory.
+
+    Flags of the core come first, then each installed plugin's settings; every flag is also a key
+    of the --config file (plugins' settings in their sections, e.g. [sandbox_options.docker]).
+    `trajkit settings` lists them all with their types and defaults.
+    """
     host = load_host(ctx)
     if flags.pop("list_distributions"):
         print_distributions(host)
         return
-    config_path = flags.pop("config")
-    try:
-        from_file = read_config_file(config_path) if config_path else {}
-    except ConfigFileError as exc:
-        raise click.UsageError(str(exc)) from None
-    explicit = {name for name in flags if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
     if ctx.get_parameter_source("api_key") is ParameterSource.COMMANDLINE:
         log.warning(
             "--api_key: the key is visible to every process of this machine; "
             "prefer the environment or --api_key_file"
         )
-    for key in ("filters", "disabled_filters", "writers"):
-        flags[key] = list(flags[key])
-    settings = {**flags, **{k: v for k, v in from_file.items() if k not in explicit}}
+    given, places = read_given(ctx, flags)
     for required in ("dataset_file", "run_name"):
-        if not settings.get(required):
+        if not given.get(required):
             raise click.UsageError(f"--{required} is required (on the command line or in --config)")
-    prefill = settings.pop("prefill_messages_file", None)
-    settings["prefill_messages"] = read_prefill(Path(prefill)) if prefill else []
-    if settings.get("system_prompt") is None:
-        settings.pop("system_prompt", None)
+    ctx.exit(execute(configure(host, given, places), host))
+
+
+def read_given(ctx: click.Context, flags: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings given to a command, flags over its --config file, and where each came from."""
+    config_path = flags.pop("config", None)
     try:
-        config = RunConfig(**settings)
-    except ValidationError as exc:
-        where = {k: f"{config_path}: {k}" for k in from_file if k not in explicit}
-        raise click.UsageError(_describe(exc, where)) from None
-    ctx.exit(execute(config, host))
+        from_file = read_config_file(config_path) if config_path else {}
+    except ConfigFileError as exc:
+        raise click.UsageError(str(exc)) from None
+    given, places = given_settings(ctx, flags, from_file, config_path)
+    prefill = flags.get("prefill_messages_file")
+    if prefill:
+        given["prefill_messages"] = read_prefill(Path(prefill))
+    return given, places
+
+
+def configure(host: PluginHost, given: dict[str, Any], places: dict[str, str]) -> RunConfig:
+    """The run configuration, or a usage error naming each bad setting and where it came from."""
+    from trajkit.configure import ConfigurationError, resolve
+
+    try:
+        return resolve(host, given, places)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def run_params(host: PluginHost) -> list[click.Parameter]:
+    """The flags of ``trajkit run``: the core's settings, its own flags, every plugin's settings."""
+    return [
+        *model_options(RunConfig, group="Run"),
+        SettingOption(
+            [*spellings("config"), "config"],
+            group="Run",
+            default=None,
+            type=click.Path(path_type=Path, exists=True, dir_okay=False),
+            help="TOML or YAML file with any of these settings; flags override it.",
+        ),
+        SettingOption(
+            [*spellings("prefill_messages_file"), "prefill_messages_file"],
+            group="Run",
+            default=None,
+            type=click.Path(path_type=Path, exists=True, dir_okay=False),
+            help="JSON list of few-shot messages; used, never saved.",
+        ),
+        SettingOption(
+            [*spellings("list_distributions"), "list_distributions"],
+            group="Run",
+            is_flag=True,
+            help="List toolset distributions and exit.",
+        ),
+        *plugin_options(host),
+    ]
 
 
 def execute(config: RunConfig, host: PluginHost) -> int:
@@ -295,17 +254,6 @@ def read_prefill(path: Path) -> list[dict[str, Any]]:
     return messages
 
 
-def _describe(exc: ValidationError, where: dict[str, str]) -> str:
-    """Each problem with its place: the flag, or the file and key it came from."""
-    problems = []
-    for error in exc.errors():
-        path = ".".join(map(str, error["loc"]))
-        top = str(error["loc"][0]) if error["loc"] else ""
-        place = f"{where[top]}{path[len(top) :]}" if top in where else f"--{path}"
-        problems.append(f"{place}: {error['msg']}")
-    return "; ".join(problems)
-
-
 def print_distributions(host: PluginHost) -> None:
     for name, distribution in sorted(host.distributions.items()):
         shares = ", ".join(f"{ts} {p:.0%}" for ts, p in sorted(distribution.probabilities.items()))
@@ -317,6 +265,39 @@ def print_distributions(host: PluginHost) -> None:
 def distributions(ctx: click.Context) -> None:
     """List toolset distributions and their probabilities."""
     print_distributions(load_host(ctx))
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per setting.")
+@click.pass_context
+def settings(ctx: click.Context, as_json: bool) -> None:
+    """List every setting of `trajkit run`: its configuration key, flag, type, default and what it
+    does, the core's first, then each installed plugin's."""
+    from trajkit.cli_options import every_setting
+
+    group = None
+    for title, key, flag, field in every_setting(load_host(ctx)):
+        default = None if field.is_required() else field.get_default(call_default_factory=True)
+        if as_json:
+            kind = describe_field_type(field)
+            entry = {"group": title, "key": key, "flag": flag, "type": kind, "default": default}
+            click.echo(json.dumps({**entry, "description": field.description or ""}, default=str))
+            continue
+        if title != group:
+            group = title
+            click.echo(f"\n{title}:" if title != "run" else "run (the core):")
+        click.echo(f"  {key} = {json.dumps(default, default=str)}")
+        click.echo(
+            f"      {describe_field_type(field)}" + (f"; {flag}" if flag else "; configuration file only")
+        )
+        if field.description:
+            click.echo(f"      {' '.join(field.description.split())}")
+
+
+def describe_field_type(field: Any) -> str:
+    from trajkit.settings import type_name
+
+    return type_name(field.annotation)
 
 
 @cli.command()

@@ -1,4 +1,4 @@
-"""The run configuration: every flag of ``trajkit run``, validated once at the boundary."""
+"""The core's run configuration, validated once at the boundary (see :mod:`trajkit.configure`)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,10 @@ import fnmatch
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra"]
-DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 DEFAULT_SYSTEM_PROMPT = (
     "You are a capable assistant working in a sandboxed environment. Use the tools you are given "
     "to inspect, create and run things; think step by step, check results, and finish with a "
@@ -21,18 +19,8 @@ _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 # Settings that change what a session produces: resuming with any of them changed mixes two
 # configurations in one dataset, so the run warns and records it.
-OUTPUT_AFFECTING = (
-    "model",
-    "base_url",
-    "distribution",
-    "max_turns",
-    "seed",
-    "system_prompt",
-    "reasoning_effort",
-    "reasoning_disabled",
-    "max_tokens",
-    "temperature",
-)
+# Plugin settings of this kind say so with ``json_schema_extra={"affects_output": True}``.
+OUTPUT_AFFECTING = ("model", "distribution", "max_turns", "seed", "system_prompt")
 
 
 class Route(BaseModel):
@@ -47,79 +35,95 @@ class Route(BaseModel):
         return fnmatch.fnmatchcase(image or "", self.image)
 
 
-class RunConfig(BaseModel):
-    """Everything a run needs to know. Secrets are ``SecretStr`` and never serialised."""
+def flag(name: str | None = None, *, repeat: bool = False, cli: bool = True) -> dict[str, Any]:
+    """Field metadata for the command line: the flag's ``name`` when it differs from the field's,
+    ``repeat`` for a list given one item per flag, ``cli=False`` for settings only a configuration
+    file can hold."""
+    return {"flag": name, "repeat": repeat, "cli": cli}
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+class RunConfig(BaseModel):
+    """The core's settings: what every run has, whatever its plugins. Each plugin's own settings
+    are its ``Settings`` model, validated into the ``*_options`` sections by
+    :func:`trajkit.configure.resolve`; secrets are ``SecretStr`` and never serialised."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     dataset_file: Path | None = None
+    """JSONL file, one {"prompt": ...} per line (required)."""
     run_name: str = "run"
+    """Names the run directory under --output_dir (required)."""
     output_dir: Path = Path("data")
+    """Where run directories are made."""
     batch_size: int = Field(100, ge=1)
+    """Records per ledger file."""
     distribution: str = "default"
+    """Toolset distribution sampled per prompt (--list_distributions lists them)."""
     model: str = "scripted"
-    base_url: str = DEFAULT_BASE_URL
-    api_key: SecretStr | None = None
-    api_key_file: Path | None = None
-    """A file holding the key: unlike ``--api_key`` it never shows in the process list."""
+    """'scripted' (offline), a model client's name, or a model slug for the client that takes any."""
     max_turns: int = Field(10, ge=1)
+    """Model calls per prompt at most."""
     num_workers: int = Field(16, ge=1)
+    """Sessions in flight at once."""
     max_samples: int | None = Field(None, ge=0)
+    """Use only the first N rows."""
     resume: bool = False
+    """Continue the run in the run directory."""
     overwrite: bool = False
+    """Delete an existing run of this name first."""
     seed: int = 0
+    """Seeds toolset sampling per prompt."""
     verbose: bool = False
+    """Log every session's steps."""
     quiet: bool = False
+    """No progress display."""
     log_prefix_chars: int = Field(100, ge=0)
-
-    providers_allowed: list[str] = []
-    providers_ignored: list[str] = []
-    providers_order: list[str] = []
-    provider_sort: Literal["price", "throughput", "latency"] | None = None
-    reasoning_effort: ReasoningEffort | None = None
-    reasoning_disabled: bool = False
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = None
-    transport: Literal["aiohttp", "sdk", "builtin"] = "aiohttp"
-    """How the OpenAI-compatible client sends requests: aiohttp, or the openai SDK's own path
-    (``builtin``, the retired hand-written client, is taken as ``aiohttp`` with a warning)."""
-    request_timeout: float = Field(600.0, gt=0)
-    max_retries: int = Field(6, ge=0)
-    retry_budget: float = Field(900.0, gt=0)
-    """Seconds one model request may spend retrying in all."""
-    max_concurrent_requests: int | None = Field(None, ge=1)
-    max_rpm: float | None = Field(None, gt=0)
-    max_tpm: float | None = Field(None, gt=0)
+    """Characters of each tool call and result shown in verbose logs."""
     max_cost: float | None = Field(None, ge=0)
-    prices: dict[str, tuple[float, float]] = {}
-    """Model -> (input, output) price per million tokens, for endpoints that report no cost."""
+    """Stop starting sessions once the run has cost this much (every answer counts)."""
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    """The saved system prompt (default: a built-in one)."""
     ephemeral_system_prompt: str | None = None
-    prefill_messages: list[dict[str, Any]] = []
+    """Used in every session, never saved."""
+    prefill_messages: list[dict[str, Any]] = Field([], json_schema_extra=flag(cli=False))
+    """Few-shot messages used in every session, never saved (--prefill_messages_file)."""
 
     sandbox: str = "local"
+    """Backend for rows without an image."""
     image_backend: str | None = None
-    """Backend for rows with an image that no route or row names; default: the installed backend
-    made for images."""
-    sandbox_options: dict[str, dict[str, str]] = {}
+    """Backend for rows with an image that no route or row names (default: the installed backend
+    made for images)."""
     sandbox_lifetime: float = Field(3600.0, gt=0)
+    """Seconds a sandbox may live."""
     tool_timeout: float = Field(120.0, gt=0)
+    """Seconds one tool call may take."""
     tool_output_cap: int = Field(16 * 1024, ge=256)
+    """Bytes of tool output kept."""
     prompt_timeout: float = Field(1800.0, gt=0)
+    """Seconds per attempt of one prompt."""
     max_attempts: int = Field(3, ge=1)
+    """Attempts per prompt in one invocation."""
     retry_backoff: float = Field(2.0, ge=0)
+    """Seconds before the 2nd attempt; doubles."""
 
-    filters: list[str] = []
-    disabled_filters: list[str] = []
-    filter_options: dict[str, dict[str, Any]] = {}
-    """Filter name -> keyword options for that filter's constructor."""
-    writers: list[str] = []
-    """Output writers; default: the ones registered as default."""
+    filters: list[str] = Field([], json_schema_extra=flag("filter", repeat=True))
+    """Enable a filter that is off by default (repeatable)."""
+    disabled_filters: list[str] = Field([], json_schema_extra=flag("no_filter", repeat=True))
+    """Disable a filter (repeatable)."""
+    writers: list[str] = Field([], json_schema_extra=flag("writer", repeat=True))
+    """Output writer(s), repeatable (default: the ones registered as default)."""
+    executor: str = "local"
+    """Runs the sessions: 'local' on this process, or an executor plugin's."""
+
+    model_options: dict[str, Any] = {}
+    """Model client name -> its settings."""
+    sandbox_options: dict[str, Any] = {}
+    """Sandbox backend name -> its settings."""
+    filter_options: dict[str, Any] = {}
+    """Filter name -> its settings."""
     writer_options: dict[str, Any] = {}
     """Writer name -> its settings."""
-    executor: str = "local"
-    """Runs the sessions: ``local`` on this process's event loop, or an executor plugin's."""
     executor_options: dict[str, Any] = {}
     """Executor name -> its settings."""
 
@@ -127,24 +131,6 @@ class RunConfig(BaseModel):
     """Distributions defined in the configuration file: name -> toolset -> probability."""
     routes: list[Route] = []
     """Rules choosing the backend of rows that name none, tried in order before the defaults."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _key_from_file(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("api_key_file") and not data.get("api_key"):
-            path = Path(data["api_key_file"])
-            try:
-                key = path.read_text().strip()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"api_key_file {path}: cannot be read ({type(exc).__name__})") from None
-            if not key:
-                raise ValueError(f"api_key_file {path} is empty")
-            data = {**data, "api_key": key}
-        return data
-
-    def secret_values(self) -> list[str]:
-        """The secrets this configuration holds, for scrubbing records."""
-        return [self.api_key.get_secret_value()] if self.api_key is not None else []
 
     @field_validator("run_name")
     @classmethod
@@ -157,11 +143,51 @@ class RunConfig(BaseModel):
     def run_dir(self) -> Path:
         return self.output_dir / self.run_name
 
+    def settings_of(self, plugin: type[Any]) -> Any:
+        """A plugin class's settings in this run: its validated section, else its defaults."""
+        for section in (
+            self.model_options,
+            self.sandbox_options,
+            self.filter_options,
+            self.writer_options,
+            self.executor_options,
+        ):
+            found = section.get(getattr(plugin, "name", ""))
+            if isinstance(found, plugin.Settings):
+                return found
+        return plugin.Settings()
+
+    def model_settings(self) -> dict[str, Any]:
+        """The settings of the run's model client (the one section it has), for the manifest."""
+        sections = [s for s in self.model_options.values() if isinstance(s, BaseModel)]
+        return sections[0].model_dump(mode="json") if len(sections) == 1 else {}
+
+    def secret_values(self) -> list[str]:
+        """The secrets this configuration holds (every ``SecretStr`` setting), for scrubbing."""
+        from trajkit.configure import secret_values
+
+        return secret_values(dict(self))
+
+    def watched(self) -> tuple[str, ...]:
+        """The manifest keys that change what a session produces: the core's and those the model
+        client's settings mark with ``affects_output``."""
+        marked = [
+            key
+            for section in self.model_options.values()
+            if isinstance(section, BaseModel)
+            for key, field in type(section).model_fields.items()
+            if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("affects_output")
+        ]
+        return (*OUTPUT_AFFECTING, *marked)
+
     def manifest(self) -> dict[str, Any]:
-        """The configuration as saved in the run directory: secrets and ephemeral parts left out."""
+        """The configuration as saved in the run directory: secrets and ephemeral parts left out,
+        the model client's settings at the top level as in a configuration file."""
         data = self.model_dump(
-            mode="json", exclude={"api_key", "ephemeral_system_prompt", "prefill_messages"}
+            mode="json",
+            exclude={"ephemeral_system_prompt", "prefill_messages", "model_options"},
         )
+        data.update({k: v for k, v in self.model_settings().items() if k not in data})
         data["ephemeral_system_prompt_used"] = self.ephemeral_system_prompt is not None
         data["prefill_messages_used"] = len(self.prefill_messages)
         return data

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from trajkit.agent import ConversationResult, Session, run_conversation
-from trajkit.config import DEFAULT_BASE_URL, DEFAULT_SYSTEM_PROMPT, RunConfig
+from trajkit.config import DEFAULT_SYSTEM_PROMPT
+from trajkit.configure import resolve
 from trajkit.manager import PluginHost, load_plugins
 from trajkit.sandbox import SandboxSpec
 
@@ -23,7 +24,7 @@ class Agent:
         self,
         model: str = "scripted",
         *,
-        base_url: str = DEFAULT_BASE_URL,
+        base_url: str | None = None,
         api_key: str | None = None,
         enabled_toolsets: Sequence[str] | None = None,
         disabled_toolsets: Sequence[str] = (),
@@ -35,18 +36,25 @@ class Agent:
         image: str | None = None,
         quiet_mode: bool = True,
         plugins: PluginHost | None = None,
+        **settings: Any,
     ) -> None:
+        """``settings``: any other setting of a run by name (``max_retries=2``, ``temperature=0.2``,
+        a backend's under ``sandbox_options``), validated as ``trajkit run`` validates it."""
         self.host = plugins or load_plugins()
-        self.config = RunConfig(
-            model=model,
-            base_url=base_url,
-            api_key=api_key,
-            max_turns=max_turns,
-            system_prompt=system_prompt,
-            ephemeral_system_prompt=ephemeral_system_prompt,
-            sandbox=sandbox,
-            sandbox_options={sandbox: dict(sandbox_options or {})},
-            quiet=quiet_mode,
+        endpoint = {k: v for k, v in (("base_url", base_url), ("api_key", api_key)) if v is not None}
+        self.config = resolve(
+            self.host,
+            dict(
+                model=model,
+                max_turns=max_turns,
+                system_prompt=system_prompt,
+                ephemeral_system_prompt=ephemeral_system_prompt,
+                sandbox=sandbox,
+                sandbox_options={sandbox: dict(sandbox_options or {})},
+                quiet=quiet_mode,
+                **endpoint,
+                **settings,
+            ),
         )
         toolsets = self.host.toolsets
         names = list(enabled_toolsets) if enabled_toolsets is not None else sorted(toolsets)

@@ -200,7 +200,9 @@ class RequestLimiter:
         async with self.changed:
             self.stats.throttled += 1
             self.cut_at = now
-            self.paused_until = max(self.paused_until, now + min(1.0 if retry_after is None else retry_after, self.cooldown))
+            self.paused_until = max(
+                self.paused_until, now + min(1.0 if retry_after is None else retry_after, self.cooldown)
+            )
             current = self.allowed or max(self.active, 1)
             if not self.ceiling:
                 self.ceiling = max(current, 2)

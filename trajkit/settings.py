@@ -5,6 +5,9 @@ options and the error messages all come from those models through this module.
 
 from __future__ import annotations
 
+import types
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -13,11 +16,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 class StrictSettings(BaseModel):
     """Base of every plugin settings model: unknown keys are errors, instances are immutable.
 
+    A docstring under a field is its description (``--help``, ``trajkit settings``, errors).
     Schemas are built on first use (``defer_build``): a command pays only for the models it
     validates, not for every installed plugin's.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, use_attribute_docstrings=True)
 
 
 class OptionError(ValueError):
@@ -42,27 +46,37 @@ def parse_pairs(pairs: tuple[str, ...] | list[str], flag: str) -> dict[str, Any]
     return data
 
 
-def build_settings(model: type[BaseModel], data: dict[str, Any], plugin: str, flag: str) -> BaseModel:
+Place = str | Callable[[str], str]
+"""Where a setting came from, for error messages: a flag such as ``--option`` (then the key is
+appended: ``--option keep_last``) or a function from the key to its place."""
+
+
+def build_settings(model: type[BaseModel], data: Mapping[str, Any], plugin: str, place: Place) -> BaseModel:
     """``model`` from ``data``; a :class:`OptionError` naming the plugin, the key and what it expects."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
+        where = place if callable(place) else (lambda key: f"{place} {key}")
         raise OptionError(
-            "; ".join(_explain(model, data, error, plugin, flag) for error in exc.errors())
+            "; ".join(_explain(model, data, error, plugin, where) for error in exc.errors())
         ) from None
 
 
-def _explain(model: type[BaseModel], data: dict[str, Any], error: Any, plugin: str, flag: str) -> str:
+def _explain(
+    model: type[BaseModel], data: Mapping[str, Any], error: Any, plugin: str, where: Callable[[str], str]
+) -> str:
     path = [str(part) for part in error["loc"]]
     key = ".".join(path)
     if error["type"] == "extra_forbidden":
         owner = _model_at(model, path[:-1])
         known = ", ".join(sorted(owner.model_fields)) if owner else "none"
-        return f"{flag} {key}: {plugin} has no setting {key!r} (its settings: {known})"
+        return f"{where(key)}: {plugin} has no setting {key!r} (its settings: {known or 'none'})"
     if error["type"] == "missing":
         return f"{plugin} needs the setting {key!r} ({describe_field(model, path)})"
+    if not path:  # a check across several settings
+        return f"{plugin}: {error['msg'].removeprefix('Value error, ')}"
     given = _value_at(data, path)
-    return f"{flag} {key}={given}: {plugin} expects {key} to be {describe_field(model, path)}; {error['msg']}"
+    return f"{where(key)}={given}: {plugin} expects {key} to be {describe_field(model, path)}; {error['msg']}"
 
 
 def describe_field(model: type[BaseModel], path: list[str]) -> str:
@@ -71,7 +85,7 @@ def describe_field(model: type[BaseModel], path: list[str]) -> str:
     field = owner.model_fields.get(path[-1]) if owner and path else None
     if field is None:
         return "a valid value"
-    annotation = getattr(field.annotation, "__name__", None) or str(field.annotation)
+    annotation = type_name(field.annotation)
     bounds = [
         f"{symbol} {getattr(item, attr)}"
         for item in field.metadata
@@ -80,6 +94,20 @@ def describe_field(model: type[BaseModel], path: list[str]) -> str:
     ]
     kind = f"{annotation} {' and '.join(bounds)}".strip()
     return f"{kind} ({field.description})" if field.description else kind
+
+
+def type_name(annotation: Any) -> str:
+    """``int | None`` -> "int or none", ``Literal["a", "b"]`` -> "one of a, b", ``list[str]`` -> "list of str"."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(str, args))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("none" if a is type(None) else type_name(a) for a in args)
+    if origin in (list, tuple, set):
+        return f"{origin.__name__} of {', '.join(type_name(a) for a in args if a is not Ellipsis)}"
+    if origin is dict:
+        return f"table of {type_name(args[0])} to {type_name(args[1])}" if args else "table"
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
 def describe_settings(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -104,7 +132,7 @@ def _model_at(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None
     return current
 
 
-def _value_at(data: dict[str, Any], path: list[str]) -> Any:
+def _value_at(data: Mapping[str, Any], path: list[str]) -> Any:
     node: Any = data
     for part in path:
         node = node.get(part) if isinstance(node, dict) else None

@@ -15,12 +15,14 @@ from typing import Any
 import click
 
 from trajkit.cli import option
+from trajkit.cli_options import PluginCommand, given_settings, plugin_options
+from trajkit.configure import CONCERNS
 from trajkit.manager import PluginError, PluginHost
 
 log = logging.getLogger("trajkit")
 
 
-@click.command()
+@click.command(cls=PluginCommand, plugin_params=lambda host: client_params(host, compress))
 @click.argument("source", metavar="INPUT", type=click.Path(path_type=Path, exists=True), required=False)
 @option("out", type=click.Path(path_type=Path, dir_okay=False), help="Output JSONL file.")
 @option("max_tokens", type=click.IntRange(min=1), help="Token budget of each trajectory.")
@@ -34,16 +36,6 @@ log = logging.getLogger("trajkit")
 )
 @option("tokenizer_option", "tokenizer_options", multiple=True, help="KEY=VALUE setting of the counter.")
 @option("model", default="scripted", show_default=True, help="Summary model: 'scripted' (offline) or a slug.")
-@option("base_url", default="https://openrouter.ai/api/v1", show_default=True)
-@option(
-    "api_key_file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="A file holding the API key (default: $OPENROUTER_API_KEY or $OPENAI_API_KEY).",
-)
-@option("request_timeout", type=float, default=300.0, show_default=True, help="Seconds per model request.")
-@option("max_retries", type=int, default=4, show_default=True, help="Retries of one model request.")
-@option("max_rpm", type=float, default=None, help="Model requests per minute at most.")
 @option("concurrency", type=click.IntRange(min=1), default=16, show_default=True, help="Records in flight.")
 @option(
     "record_timeout",
@@ -69,6 +61,7 @@ def compress(ctx: click.Context, **flags: Any) -> None:
             raise click.UsageError(f"{'INPUT' if required == 'source' else '--' + required} is required")
     from trajkit.compress.setup import SetupError, prepare
 
+    flags["client_settings"] = given_settings(ctx, flags, {}, None)
     try:
         prepared = prepare(host, flags)
     except (SetupError, PluginError) as exc:
@@ -83,6 +76,14 @@ def compress(ctx: click.Context, **flags: Any) -> None:
             "(their compression.error says why)",
             err=True,
         )
+
+
+def client_params(host: PluginHost, command: click.Command) -> list[click.Parameter]:
+    """The summary model client's settings as flags, but for names the command uses itself
+    (``--max_tokens`` is the budget here)."""
+    own = {opt for param in command.params for opt in param.opts}
+    flat = [concern for concern in CONCERNS if concern.flat]
+    return [param for param in plugin_options(host, flat) if not own & set(param.opts)]
 
 
 def _list(host: PluginHost) -> None:

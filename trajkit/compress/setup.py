@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from trajkit.compress.base import CompressionContext, Compressor, TokenCounter
 from trajkit.compress.counters import TokenizerError
 from trajkit.compress.engine import (
@@ -23,7 +21,7 @@ from trajkit.compress.engine import (
     sidecar,
 )
 from trajkit.compress.metrics import Metrics
-from trajkit.manager import PluginHost
+from trajkit.manager import PluginError, PluginHost
 from trajkit.model import ModelClient, ModelError
 from trajkit.rundir import KEPT_FILE, RunIOError, write_json_atomic
 from trajkit.secrets import Scrubber, environment_secrets
@@ -205,28 +203,18 @@ def _build_compressor(
 
 def _client(host: PluginHost, flags: dict[str, Any]) -> tuple[ModelClient, list[str]]:
     """The model client the run would build for these flags: its retries, limits and accounting."""
-    from trajkit.config import RunConfig
+    from trajkit.configure import ConfigurationError, resolve
 
-    settings: dict[str, Any] = {
-        key: flags[key]
-        for key in ("model", "base_url", "api_key_file", "request_timeout", "max_retries", "max_rpm")
-        if flags[key] is not None
-    }
+    given, places = flags.get("client_settings") or ({}, {})
     concurrency = flags["concurrency"]
+    given = {"max_concurrent_requests": concurrency, **given, "model": flags["model"]}
     try:
-        config = RunConfig(
-            **settings, num_workers=concurrency, max_concurrent_requests=concurrency, quiet=True
-        )
-    except ValidationError as exc:
-        raise SetupError(
-            "; ".join(f"--{'.'.join(map(str, e['loc'])) or 'api_key_file'}: {e['msg']}" for e in exc.errors())
-        ) from None
-    clients = host.model_clients
+        config = resolve(host, {**given, "num_workers": concurrency, "quiet": True}, places)
+        client_class = host.model_client(config.model)
+    except (ConfigurationError, PluginError) as exc:
+        raise SetupError(str(exc)) from None
     if config.model == "scripted":
         log.warning("--model scripted: summaries are offline placeholders, for a dry run only")
-    client_class = clients.get(config.model) or clients.get("openai")
-    if client_class is None:
-        raise SetupError(f"no model client serves {config.model!r} (installed: {', '.join(sorted(clients))})")
     try:
         client = client_class.from_config(config)
     except ModelError as exc:

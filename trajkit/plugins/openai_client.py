@@ -48,6 +48,7 @@ from trajkit.plugins.model_transport import (
     Transport,
     describe_error,
 )
+from trajkit.plugins.openai_settings import OpenAISettings
 from trajkit.ratelimit import RequestLimiter
 from trajkit.retry import REQUEST_BACKOFF, backoff_delay
 
@@ -65,7 +66,7 @@ def _loopback(base_url: str) -> bool:
     return (urlparse(base_url).hostname or "") in {"localhost", "127.0.0.1", "::1"}
 
 
-def resolve_api_key(config: RunConfig) -> str:
+def resolve_api_key(config: OpenAISettings) -> str:
     if config.api_key is not None:
         return config.api_key.get_secret_value()
     for variable in KEY_VARIABLES:
@@ -79,7 +80,7 @@ def resolve_api_key(config: RunConfig) -> str:
     )
 
 
-def request_extras(config: RunConfig) -> dict[str, Any]:
+def request_extras(config: OpenAISettings) -> dict[str, Any]:
     """Body fields beyond model/messages/tools: sampling limits, reasoning, provider routing."""
     openrouter = "openrouter.ai" in config.base_url
     extras: dict[str, Any] = {}
@@ -112,7 +113,7 @@ def request_extras(config: RunConfig) -> dict[str, Any]:
     return extras
 
 
-def make_transport(config: RunConfig, api_key: str) -> Transport:
+def make_transport(config: OpenAISettings, api_key: str, sessions: int) -> Transport:
     """``--transport``: ``aiohttp`` (default) or ``sdk``; ``builtin`` (the retired hand-written client) is
     taken as ``aiohttp`` with a warning, so existing commands and configuration files keep working."""
     transport = config.transport
@@ -124,7 +125,7 @@ def make_transport(config: RunConfig, api_key: str) -> Transport:
         api_key,
         config.base_url,
         timeout=config.request_timeout,
-        connections=(config.max_concurrent_requests or config.num_workers) + 8,
+        connections=(config.max_concurrent_requests or sessions) + 8,
     )
 
 
@@ -153,6 +154,7 @@ class OpenAIClient(ModelClient):
     """
 
     name = "openai"
+    Settings = OpenAISettings
     takes_any_model = True
     takes_params = True
     description = "any OpenAI-compatible chat completions endpoint (--base_url, --model SLUG)"
@@ -193,17 +195,18 @@ class OpenAIClient(ModelClient):
 
     @classmethod
     def from_config(cls, config: RunConfig) -> OpenAIClient:
-        validate_base_url(config.base_url)
-        api_key = resolve_api_key(config)
+        settings: OpenAISettings = config.settings_of(cls)
+        validate_base_url(settings.base_url)
+        api_key = resolve_api_key(settings)
         validate_api_key(api_key)
-        prices = config.prices.get(config.model)
+        prices = settings.prices.get(config.model)
         return cls(
-            make_transport(config, api_key),
+            make_transport(settings, api_key, config.num_workers),
             config.model,
-            request_extras(config),
-            limiter=RequestLimiter(config.max_concurrent_requests, config.max_rpm, config.max_tpm),
-            max_retries=config.max_retries,
-            retry_budget=config.retry_budget,
+            request_extras(settings),
+            limiter=RequestLimiter(settings.max_concurrent_requests, settings.max_rpm, settings.max_tpm),
+            max_retries=settings.max_retries,
+            retry_budget=settings.retry_budget,
             prices=(prices[0], prices[1]) if prices else None,
         )
 

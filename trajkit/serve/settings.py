@@ -21,22 +21,28 @@ class ServerKeyError(ValueError):
 class ServeSettings(BaseModel):
     """Every setting of ``trajkit serve`` that ``trajkit run`` does not have."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     host: str = "127.0.0.1"
+    """Address to listen on."""
     port: int = Field(8642, ge=0, le=65535)
-    server_key: SecretStr | None = None
-    cors_origins: list[str] = []
+    """Port to listen on (0: any free one)."""
+    server_key: SecretStr | None = Field(None, json_schema_extra={"cli": False})
+    """The bearer key clients must send (--server_key_file, or $TRAJKIT_SERVER_KEY)."""
+    cors_origins: list[str] = Field([], json_schema_extra={"flag": "cors_origin", "repeat": True})
     """Exact ``scheme://host[:port]`` origins a browser page may call from; none: CORS off."""
     max_concurrent: int = Field(16, ge=1)
     """Chat completions in flight at once; more are answered 429 with ``Retry-After``."""
     request_timeout: float = Field(600.0, gt=0)
     """Seconds one chat completion may take, agent session and sandbox included."""
     max_body_bytes: int = Field(4 << 20, ge=1024)
+    """Largest request body accepted."""
     record: Path | None = None
     """A run directory whose ledger receives every served session."""
     tool_progress: Literal["off", "sse", "inline"] = "sse"
+    """How tool calls in progress are shown to a streaming client."""
     housekeeping: Literal["on", "off"] = "on"
+    """Answer chat UIs' title/tag/follow-up requests with a plain model call."""
     toolsets: list[str] = []
     """Fixed toolsets for every request; empty: sample the run's distribution per request."""
     keepalive: float = Field(15.0, gt=0)

@@ -1,0 +1,274 @@
+"""Command-line flags made from settings models, and the settings a command was given.
+
+Every flag comes from a field: the core's (:class:`~trajkit.config.RunConfig`), a command's own
+model, or a plugin's ``Settings``. The field's type makes the flag's type, its docstring the help,
+its default the shown default (one default, in the model). Flags are accepted in both spellings
+(``--max_turns``, ``--max-turns``); a flag not given stays ``None``, so the model's default holds
+and a configuration file's value is not overridden by a default.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import click
+from click.core import ParameterSource
+from pydantic import BaseModel, SecretStr
+from pydantic.fields import FieldInfo
+
+from trajkit.configure import CONCERNS, Concern, plugin_classes
+
+if TYPE_CHECKING:
+    from trajkit.manager import PluginHost
+
+Target = tuple[str, ...]
+"""Where a flag's value goes in the given settings: ("max_turns",) or
+("sandbox_options", "docker", "network")."""
+
+
+class SettingOption(click.Option):
+    """A flag that knows its ``--help`` group and where its value goes."""
+
+    def __init__(
+        self, *args: Any, group: str = "", target: Target = (), pairs: bool = False, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.group = group
+        self.target = target
+        self.pairs = pairs
+        """Takes ``NAME.KEY=VALUE`` items for the section ``target``."""
+
+
+class GroupedCommand(click.Command):
+    """``--help`` lists the flags by group: the command's own, then one group per plugin."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                groups.setdefault(getattr(param, "group", "") or "Options", []).append(record)
+        for title, records in groups.items():
+            with formatter.section(title):
+                formatter.write_dl(records)
+
+
+class PluginCommand(GroupedCommand):
+    """A command with flags from the installed plugins' settings, added when it is first asked
+    for (``plugin_params(host)``; the host is the root context's object)."""
+
+    def __init__(
+        self, *args: Any, plugin_params: Callable[[PluginHost], list[click.Parameter]], **kwargs: Any
+    ):
+        super().__init__(*args, **kwargs)
+        self.plugin_params = plugin_params
+        self.added = False
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        if not self.added:
+            self.added = True
+            self.params.extend(self.plugin_params(ctx.find_root().obj))
+        return super().get_params(ctx)
+
+
+def spellings(name: str) -> list[str]:
+    return list(dict.fromkeys([f"--{name}", f"--{name.replace('_', '-')}"]))
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """``X | None`` -> (X, True)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(members) == 1:
+            return members[0], True
+    return annotation, False
+
+
+def _comma_items(_ctx: click.Context, _param: click.Parameter, values: Any) -> list[str] | None:
+    """Repeatable and comma-separated: ``--x a,b --x c`` -> [a, b, c]; not given -> None."""
+    if not values:
+        return None
+    items = values if isinstance(values, tuple) else (values,)
+    return [part.strip() for item in items for part in item.split(",") if part.strip()]
+
+
+def field_option(
+    name: str, field: FieldInfo, *, group: str, target: Target, flag: str | None = None
+) -> SettingOption | None:
+    """The flag of one setting, or None for a setting only a configuration file can hold."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    if extra.get("cli") is False:
+        return None
+    annotation, _ = _unwrap(field.annotation)
+    origin = typing.get_origin(annotation)
+    kwargs: dict[str, Any] = {"default": None}
+    if annotation is bool:
+        kwargs = {"is_flag": True, "default": None, "flag_value": True}
+        if field.default is True:
+            kwargs = {"type": click.BOOL, "default": None, "metavar": "true|false"}
+    elif origin is Literal:
+        kwargs["type"] = click.Choice([str(choice) for choice in typing.get_args(annotation)])
+    elif origin is list and typing.get_args(annotation) in ((str,), ()):
+        kwargs.update(multiple=True, callback=_comma_items, default=())
+    elif annotation in (int, float, str):
+        kwargs["type"] = annotation
+    elif annotation is SecretStr:
+        kwargs["type"] = str
+    elif isinstance(annotation, type) and issubclass(annotation, Path):
+        kwargs["type"] = click.Path(path_type=Path)
+    else:
+        return None  # a table or a nested model: configuration file (or NAME.KEY=VALUE) only
+    help_text = (field.description or "").replace("\n", " ")
+    shown = field.default not in (None, [], {}, ()) and len(str(field.default)) <= 40
+    if shown and not field.is_required() and annotation is not bool:
+        help_text = f"{help_text} [default: {field.default}]".strip()
+    return SettingOption(
+        [*spellings(flag or extra.get("flag") or name), "__".join(target)],
+        help=help_text,
+        group=group,
+        target=target,
+        **kwargs,
+    )
+
+
+def model_options(
+    model: type[BaseModel], *, group: str, prefix: Target = (), skip: Iterable[str] = ()
+) -> list[SettingOption]:
+    """One flag per field of ``model`` (those a command line can say)."""
+    options = []
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        option = field_option(name, field, group=group, target=(*prefix, name))
+        if option is not None:
+            options.append(option)
+    return options
+
+
+def plugin_options(host: PluginHost, concerns: Iterable[Concern] = CONCERNS) -> list[click.Parameter]:
+    """The flags of every installed plugin's settings, grouped per plugin, and per concern a
+    generic ``--sandbox_option NAME.KEY=VALUE``."""
+    from trajkit.config import RunConfig
+    from trajkit.manager import PluginError
+
+    options: list[click.Parameter] = []
+    owners: dict[str, str] = {f: "the core" for f in RunConfig.model_fields}
+    for concern in concerns:
+        for name, cls in sorted(plugin_classes(host, concern).items()):
+            group = f"{concern.title} {name!r}"
+            for key, field in cls.Settings.model_fields.items():
+                flag = key if concern.flat else f"{name}.{key}"
+                target = (key,) if concern.flat else (concern.section, name, key)
+                if flag in owners:
+                    if concern.flat and owners[flag].startswith("model client"):
+                        continue  # two clients with a setting of one name share its flag
+                    raise PluginError(f"the flag --{flag} is claimed by {owners[flag]} and by {group}")
+                owners[flag] = group
+                option = field_option(key, field, group=group, target=target, flag=flag)
+                if option is not None:
+                    options.append(option)
+        if not concern.flat:
+            options.append(
+                SettingOption(
+                    [*spellings(concern.option_flag), concern.option_flag],
+                    multiple=True,
+                    group="Plugin settings",
+                    target=(concern.section,),
+                    pairs=True,
+                    help=f"NAME.KEY=VALUE: a setting of the {concern.title} NAME, repeatable.",
+                )
+            )
+    return options
+
+
+def given_settings(
+    ctx: click.Context, flags: Mapping[str, Any], from_file: Mapping[str, Any], config_path: Path | None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings given, flags over the file, and where each came from (for error messages)."""
+    given: dict[str, Any] = {}
+    places: dict[str, str] = {}
+    _merge(given, places, from_file, lambda key: f"{config_path}: {key}")
+    params = {p.name: p for p in ctx.command.params if isinstance(p, SettingOption)}
+    for dest, value in flags.items():
+        param = params.get(dest)
+        if param is None or ctx.get_parameter_source(dest) is ParameterSource.DEFAULT or value is None:
+            continue
+        if param.pairs:
+            _merge(
+                given,
+                places,
+                {param.target[0]: _pairs(value, param)},
+                functools.partial(_pair_place, param=param),
+            )
+            continue
+        *parents, leaf = param.target
+        node = given
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+        places[".".join(param.target)] = param.opts[0]
+    return given, places
+
+
+def _merge(
+    given: dict[str, Any], places: dict[str, str], data: Mapping[str, Any], place: Callable[[str], str]
+) -> None:
+    sections = {c.section for c in CONCERNS}
+    for key, value in data.items():
+        if key in sections and isinstance(value, Mapping):
+            section = given.setdefault(key, {})
+            for name, settings in value.items():
+                target = section.setdefault(name, {})
+                for setting, item in settings.items() if isinstance(settings, Mapping) else ():
+                    target[setting] = item
+                    places[f"{key}.{name}.{setting}"] = place(f"{key}.{name}.{setting}")
+                if not isinstance(settings, Mapping):
+                    places[f"{key}.{name}"] = place(f"{key}.{name}")
+                    section[name] = settings
+        else:
+            given[key] = value
+            places[key] = place(key)
+
+
+def _pairs(values: tuple[str, ...], param: SettingOption) -> dict[str, dict[str, str]]:
+    """``("docker.network=host",)`` -> {"docker": {"network": "host"}}."""
+    options: dict[str, dict[str, str]] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        plugin, dot, setting = key.partition(".")
+        if not sep or not dot or not plugin or not setting:
+            raise click.BadParameter(
+                f"{item!r}: expected NAME.KEY=VALUE, e.g. docker.network=host", param=param
+            )
+        options.setdefault(plugin, {})[setting] = value
+    return options
+
+
+def _pair_place(key: str, *, param: SettingOption) -> str:
+    _, _, rest = key.partition(".")
+    return f"{param.opts[0]} {rest}"
+
+
+def every_setting(host: PluginHost) -> Iterable[tuple[str, str, str, FieldInfo]]:
+    """(group, configuration key, flag, field) of every setting: the core's, then each plugin's
+    by concern; flag is "" for a setting only a configuration file can hold."""
+    from trajkit.config import RunConfig
+
+    def flag_of(key: str, field: FieldInfo, name: str) -> str:
+        option = field_option(key, field, group="", target=(key,), flag=name)
+        return " / ".join(option.opts) if option is not None else ""
+
+    for key, field in RunConfig.model_fields.items():
+        if not key.endswith("_options"):
+            yield "run", key, flag_of(key, field, key), field
+    for concern in CONCERNS:
+        for name, cls in sorted(plugin_classes(host, concern).items()):
+            for key, field in cls.Settings.model_fields.items():
+                place = key if concern.flat else f"{concern.section}.{name}.{key}"
+                flag = flag_of(key, field, key if concern.flat else f"{name}.{key}")
+                yield f"{concern.title} {name!r}", place, flag, field

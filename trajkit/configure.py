@@ -1,0 +1,213 @@
+"""The run's configuration from what was given (flags, a configuration file, library arguments)
+and the settings models of the installed plugins.
+
+The core's own settings are the fields of :class:`~trajkit.config.RunConfig`. Every plugin class
+declares the rest in its ``Settings`` model, reached through one *concern* per registration hook:
+
+- model clients' settings are top-level keys and flags of their own name (``max_retries``,
+  ``--max_retries``): a run uses one client, and the reference runner's flags keep working;
+- sandbox backends', filters', writers' and executors' settings live in a section per plugin
+  (``[sandbox_options.docker]``, ``--docker.network``, ``--sandbox_option docker.network=host``),
+  since a run uses several of each.
+
+Each value is validated by its plugin's model, and an error names where the value came from (the
+flag, or the file and key), the plugin, the key and what it expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, SecretStr, ValidationError
+
+from trajkit.config import RunConfig
+from trajkit.settings import OptionError, build_settings
+
+if TYPE_CHECKING:
+    from trajkit.manager import PluginHost
+
+
+@dataclass(frozen=True)
+class Concern:
+    """One kind of plugin whose classes declare settings."""
+
+    title: str
+    """How errors and ``--help`` name it: "sandbox backend"."""
+    registry: str
+    """The :class:`~trajkit.manager.PluginHost` attribute listing its classes by name."""
+    section: str
+    """The configuration's table of its settings, by plugin name: "sandbox_options"."""
+    flat: bool = False
+    """Settings are top-level keys and flags of their own name instead of ``NAME.KEY``."""
+
+    @property
+    def option_flag(self) -> str:
+        """The generic ``NAME.KEY=VALUE`` flag: ``sandbox_option``."""
+        return self.section.removesuffix("s")
+
+
+CONCERNS = (
+    Concern("model client", "model_clients", "model_options", flat=True),
+    Concern("sandbox backend", "backends", "sandbox_options"),
+    Concern("filter", "filters", "filter_options"),
+    Concern("writer", "writers", "writer_options"),
+    Concern("executor", "executors", "executor_options"),
+)
+
+
+def plugin_classes(host: PluginHost, concern: Concern) -> dict[str, Any]:
+    return dict(getattr(host, concern.registry, {}))
+
+
+def settings_fields(host: PluginHost) -> Iterator[tuple[Concern, str, type[Any], str, Any]]:
+    """(concern, plugin name, plugin class, setting name, field) of every installed plugin."""
+    for concern in CONCERNS:
+        for name, cls in sorted(plugin_classes(host, concern).items()):
+            for key, field in cls.Settings.model_fields.items():
+                yield concern, name, cls, key, field
+
+
+class ConfigurationError(ValueError):
+    """The given settings cannot make a run; the message names each place, key and problem."""
+
+
+def resolve(host: PluginHost, given: Mapping[str, Any], places: Mapping[str, str] | None = None) -> RunConfig:
+    """The run configuration for ``given`` settings.
+
+    ``given`` holds core settings and model client settings by name and the plugin sections
+    (``sandbox_options`` ...) as mappings of plugin name -> settings. ``places`` maps a dotted
+    key (``max_retries``, ``sandbox_options.docker.network``) to where its value came from; keys
+    without a place are named as flags (``--max_retries``).
+    """
+    places = dict(places or {})
+
+    def place(key: str) -> str:
+        return places.get(key) or _flag_of(key)
+
+    core = {k: v for k, v in given.items() if k in RunConfig.model_fields}
+    loose = {k: v for k, v in given.items() if k not in RunConfig.model_fields}
+    sections = {
+        c.section: {n: dict(v) for n, v in (core.pop(c.section, None) or {}).items()} for c in CONCERNS
+    }
+    model = str(core.get("model") or RunConfig.model_fields["model"].default)
+    _spread_flat_settings(host, loose, sections["model_options"], places, place)
+    problems: list[str] = []
+    resolved: dict[str, dict[str, BaseModel]] = {}
+    for concern in CONCERNS:
+        resolved[concern.section] = _validate_sections(
+            host, concern, sections[concern.section], place, problems
+        )
+    try:
+        client = host.model_client(model)
+    except Exception:  # an unknown model is reported when the run starts, with the installed ones
+        client = None
+    if client is not None and client.name not in resolved["model_options"]:
+        try:
+            resolved["model_options"][client.name] = build_settings(
+                client.Settings, {}, f"model client {client.name!r}", place
+            )
+        except OptionError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ConfigurationError("; ".join(problems))
+    try:
+        return RunConfig(**core, **resolved)
+    except ValidationError as exc:
+        raise ConfigurationError(describe_errors(exc, place)) from None
+
+
+def _flag_of(key: str) -> str:
+    """The flag a dotted key would be given with: ``sandbox_options.docker.network`` ->
+    ``--docker.network``, ``model_options.openai.max_retries`` -> ``--max_retries``."""
+    section, _, rest = key.partition(".")
+    for concern in CONCERNS:
+        if section == concern.section and rest:
+            return f"--{rest.partition('.')[2] if concern.flat else rest}"
+    return f"--{key}"
+
+
+def _spread_flat_settings(
+    host: PluginHost,
+    loose: dict[str, Any],
+    model_options: dict[str, dict[str, Any]],
+    places: dict[str, str],
+    place: Any,
+) -> None:
+    """Top-level keys that are model client settings go to every client that declares them."""
+    clients = plugin_classes(host, CONCERNS[0])
+    unknown = []
+    for key, value in loose.items():
+        owners = [name for name, cls in clients.items() if key in cls.Settings.model_fields]
+        for name in owners:
+            model_options.setdefault(name, {})[key] = value
+            if key in places:
+                places.setdefault(f"model_options.{name}.{key}", places[key])
+            else:
+                places.setdefault(f"model_options.{name}.{key}", f"--{key}")
+        if not owners:
+            unknown.append(f"{place(key)}: no such setting")
+    if unknown:
+        raise ConfigurationError("; ".join(unknown) + " (`trajkit settings` lists them all)")
+
+
+def _validate_sections(
+    host: PluginHost,
+    concern: Concern,
+    sections: Mapping[str, Mapping[str, Any]],
+    place: Any,
+    problems: list[str],
+) -> dict[str, BaseModel]:
+    classes = plugin_classes(host, concern)
+    validated: dict[str, BaseModel] = {}
+    for name, data in sections.items():
+        if isinstance(data, BaseModel):
+            validated[name] = data
+            continue
+        cls = classes.get(name)
+        if cls is None:
+            hint = host.package_hints.get(name)
+            installed = f"installed: {', '.join(sorted(classes)) or 'none'}"
+            where = place(f"{concern.section}.{name}.{next(iter(data), '')}".rstrip("."))
+            problems.append(
+                f"{where}: no {concern.title} is called {name!r} "
+                + (f"(pip install {hint})" if hint else f"({installed})")
+            )
+            continue
+        try:
+            validated[name] = build_settings(
+                cls.Settings,
+                data,
+                f"{concern.title} {name!r}",
+                lambda key, name=name: place(f"{concern.section}.{name}.{key}"),
+            )
+        except OptionError as exc:
+            problems.append(str(exc))
+    return validated
+
+
+def describe_errors(exc: ValidationError, place: Any) -> str:
+    """Each problem of the core settings with its place: the flag, or the file and key."""
+    problems = []
+    for error in exc.errors():
+        key = ".".join(map(str, error["loc"]))
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "no such setting (`trajkit settings` lists them all)"
+        problems.append(f"{place(key)}: {message}" if key else message)
+    return "; ".join(problems)
+
+
+def secret_values(settings: Any) -> list[str]:
+    """Every ``SecretStr`` value held by a settings model, nested models included."""
+    found: list[str] = []
+    if isinstance(settings, BaseModel):
+        for key in type(settings).model_fields:
+            found.extend(secret_values(getattr(settings, key)))
+    elif isinstance(settings, SecretStr):
+        found.append(settings.get_secret_value())
+    elif isinstance(settings, Mapping):
+        for value in settings.values():
+            found.extend(secret_values(value))
+    return [value for value in found if value]
