@@ -112,10 +112,7 @@ async def run_conversation(session: Session, prompt: str | Sequence[Message]) ->
     )
 
     while result.api_calls < session.max_turns:
-        if session.model_params:
-            reply = await session.client.complete(head + history, schemas, session.model_params)
-        else:  # the two-argument call every client takes, those written before params too
-            reply = await session.client.complete(head + history, schemas)
+        reply = await _ask(session, head + history, schemas)
         result.api_calls += 1
         result.usage.add(reply.usage)
         result.finish_reason = reply.finish_reason
@@ -136,11 +133,7 @@ async def run_conversation(session: Session, prompt: str | Sequence[Message]) ->
             result.client_tool_calls = handed
             result.finish_reason = "tool_calls"
             break
-        if len(reply.tool_calls) == 1:  # the common case, without gather's task per call
-            outcomes = [await _call_tool(session, reply.tool_calls[0])]
-        else:
-            outcomes = await asyncio.gather(*(_call_tool(session, call) for call in reply.tool_calls))
-        for call, outcome in zip(reply.tool_calls, outcomes, strict=True):
+        for call, outcome in await _run_calls(session, reply.tool_calls):
             _count(result, session, call.name, outcome.ok)
             tool_message = {"role": "tool", "tool_call_id": call.id, "content": outcome.content}
             history.append(tool_message)
@@ -149,6 +142,23 @@ async def run_conversation(session: Session, prompt: str | Sequence[Message]) ->
         result.finish_reason = "max_turns"
     result.messages = saved + saved_history
     return result
+
+
+async def _ask(session: Session, messages: list[Message], schemas: list[dict[str, Any]]) -> AssistantMessage:
+    """One model call, with the session's request fields when it has any."""
+    if session.model_params:
+        return await session.client.complete(messages, schemas, session.model_params)
+    # the two-argument call every client takes, those written before params too
+    return await session.client.complete(messages, schemas)
+
+
+async def _run_calls(session: Session, calls: list[ToolCall]) -> list[tuple[ToolCall, ToolOutcome]]:
+    """Every call of one model turn with its outcome, in the order the model made them; the
+    calls of a turn run concurrently."""
+    if len(calls) == 1:  # the common case, without gather's task per call
+        return [(calls[0], await _call_tool(session, calls[0]))]
+    outcomes = await asyncio.gather(*(_call_tool(session, call) for call in calls))
+    return list(zip(calls, outcomes, strict=True))
 
 
 def _dedupe_call_ids(calls: list[ToolCall], turn: int, seen: set[str]) -> None:
