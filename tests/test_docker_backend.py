@@ -517,21 +517,48 @@ def test_images_without_the_needed_tools_are_refused(
     asyncio.run(body())
 
 
-def test_options_are_checked() -> None:
-    options = pytest.importorskip("trajkit_docker.options")
-    parsed = options.DockerOptions.parse(
+def test_settings_are_checked() -> None:
+    settings = pytest.importorskip("trajkit_docker.settings")
+    from pydantic import ValidationError
+
+    DockerSettings = settings.DockerSettings
+    parsed = DockerSettings.model_validate(
         {"memory": "1.5g", "cpus": "2", "pids_limit": "100", "pull": "NEVER"}
     )
     assert (parsed.memory, parsed.cpus, parsed.pids_limit) == (int(1.5 * 1024**3), 2.0, 100)
     assert (parsed.pull, parsed.network) == ("never", "none")
-    defaults = options.DockerOptions.parse({})
-    assert (defaults.memory, defaults.pids_limit) == (4 * 1024**3, 1024)
-    lifted = options.DockerOptions.parse({"memory": "none", "pids_limit": "None"})
+    typed = DockerSettings.model_validate(
+        {"memory": 1610612736, "cpus": 2, "pids_limit": 100, "pull": "never"}
+    )
+    assert typed == parsed  # a configuration file's typed values mean what the flags' text means
+    defaults = DockerSettings()
+    assert (defaults.memory, defaults.pids_limit, defaults.network, defaults.pull) == (
+        4 * 1024**3,
+        1024,
+        "none",
+        "missing",
+    )
+    assert defaults.pull_timeout == 600 and defaults.cpus is None
+    lifted = DockerSettings.model_validate({"memory": "none", "pids_limit": "None"})
     assert (lifted.memory, lifted.pids_limit) == (None, None)
-    bad_options = [{"network": "macvlan"}, {"memory": "lots"}, {"pids_limit": "-1"}, {"pull": "sometimes"}]
-    for bad in [*bad_options, {"unknown": "1"}]:
-        with pytest.raises(ValueError):
-            options.DockerOptions.parse(bad)
+    assert DockerSettings.model_validate({"memory": "512m", "network": " Host "}).memory == 512 * 1024**2
+    bad_options = [
+        {"network": "macvlan"},
+        {"memory": "lots"},
+        {"memory": "0"},
+        {"pids_limit": "-1"},
+        {"cpus": "0"},
+        {"pull": "sometimes"},
+        {"pull_timeout": "soon"},
+        {"unknown": "1"},
+    ]
+    for bad in bad_options:
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            DockerSettings.model_validate(bad)
+    backend = pytest.importorskip("trajkit_docker.backend")
+    assert backend.DockerBackend.Settings is DockerSettings
+    with pytest.raises(ValidationError, match="network"):
+        backend.DockerBackend({"network": "macvlan"})
 
 
 def test_abandoned_containers_are_recognised() -> None:

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from pydantic import ValidationError
 
 from trajkit.plugins import bubblewrap, local_command
-from trajkit.plugins.local_sandbox import LocalBackend, LocalSandbox
+from trajkit.plugins.local_sandbox import LocalBackend, LocalSandbox, LocalSettings
 from trajkit.sandbox import Sandbox, SandboxError, SandboxSpec
 from trajkit.testing.engines import need_engine
 from trajkit.testing.sandbox_conformance import survivors
@@ -236,17 +237,47 @@ def test_memory_is_limited_per_sandbox(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"isolaton": "bwrap"}, "unknown option 'isolaton'"),
-        ({"isolation": "chroot"}, "isolation must be one of auto, bwrap, none"),
-        ({"memory": "lots"}, "memory='lots'"),
-        ({"max_processes": "-3"}, "local.max_processes='-3': must be positive"),
+        ({"isolaton": "bwrap"}, r"isolaton\n  Extra inputs are not permitted"),
+        ({"isolation": "chroot"}, r"isolation\n  Input should be 'auto', 'bwrap' or 'none'"),
+        ({"network": "bridge"}, r"network\n  Input should be 'none' or 'host'"),
+        ({"memory": "lots"}, r"memory\n  Value error, 'lots' is not a size"),
+        ({"memory": "0"}, r"memory\n  Input should be greater than 0"),
+        ({"max_processes": "-3"}, r"max_processes\n  Input should be greater than 0"),
+        ({"max_processes": "many"}, r"max_processes\n  Input should be a valid integer"),
     ],
 )
-def test_bad_options_are_errors_naming_the_backend_and_key(
+def test_bad_settings_are_errors_naming_the_key(
     tmp_path: Path, options: dict[str, str], message: str
 ) -> None:
-    with pytest.raises((SandboxError, ValueError), match=message):
+    with pytest.raises(ValidationError, match=message):
         LocalBackend({"root": str(tmp_path), **options})
+
+
+def test_settings_take_text_from_the_command_line_and_typed_values_from_a_file(tmp_path: Path) -> None:
+    from_flags = LocalBackend(
+        {
+            "root": str(tmp_path),
+            "isolation": "none",
+            "max_processes": "64",
+            "memory": "512M",
+            "network": "host",
+        }
+    ).settings
+    from_file = LocalBackend(
+        LocalSettings(
+            root=str(tmp_path), isolation="none", max_processes=64, memory=512 * 1024**2, network="host"
+        )
+    ).settings
+    assert from_flags == from_file
+    assert (from_flags.max_processes, from_flags.memory) == (64, 512 * 1024**2)
+    defaults = LocalSettings()
+    assert (defaults.isolation, defaults.network, defaults.max_processes, defaults.memory) == (
+        "auto",
+        "none",
+        1024,
+        4 * 1024**3,
+    )
+    assert LocalSettings(memory="1.5g").memory == int(1.5 * 1024**3)
 
 
 def test_the_sandbox_root_is_private_to_its_user(tmp_path: Path) -> None:

@@ -617,20 +617,37 @@ def test_owns_image_routes_apptainer_references(tmp_path: Path) -> None:
     assert SingularityBackend.image_based and SingularityBackend.name == "singularity"
 
 
-def test_options_are_checked(tmp_path: Path) -> None:
-    from trajkit_singularity.options import SingularityOptions
+def test_settings_are_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+    from trajkit_singularity.settings import SingularitySettings
 
-    parsed = SingularityOptions.parse({"cache_dir": str(tmp_path)}, environ={})
-    assert (parsed.tmp_dir, parsed.scratch_dir, parsed.network) == (
+    from trajkit_singularity import SingularityBackend
+
+    monkeypatch.delenv("TRAJKIT_SIF_CACHE", raising=False)
+    parsed = SingularitySettings.model_validate({"cache_dir": str(tmp_path)})
+    assert (parsed.tmp_dir, parsed.scratch_dir, parsed.network, parsed.writable) == (
         tmp_path / "tmp",
         tmp_path / "sandboxes",
         "none",
+        "overlay",
     )
     assert (parsed.memory, parsed.pids_limit, parsed.limits_required) == (4 * 1024**3, 1024, False)
-    limits = SingularityOptions.parse({"memory": "512m", "pids_limit": "none"}, environ={})
+    limits = SingularitySettings.model_validate({"memory": "512m", "pids_limit": "none"})
     assert (limits.memory, limits.pids_limit, limits.limits_required) == (512 * 1024**2, None, True)
-    from_env = SingularityOptions.parse({}, environ={"TRAJKIT_SIF_CACHE": str(tmp_path / "env")})
-    assert from_env.cache_dir == tmp_path / "env"
+    typed = SingularitySettings.model_validate(
+        {"memory": 512 * 1024**2, "build_timeout": 60, "start_timeout": "30"}
+    )
+    assert (typed.memory, typed.build_timeout, typed.start_timeout, typed.limits_required) == (
+        512 * 1024**2,
+        60,
+        30,
+        True,
+    )
+    assert SingularitySettings().cache_dir == Path("~/.cache/trajkit/sif").expanduser()
+    monkeypatch.setenv("TRAJKIT_SIF_CACHE", str(tmp_path / "env"))
+    from_env = SingularitySettings.model_validate({})
+    assert (from_env.cache_dir, from_env.tmp_dir) == (tmp_path / "env", tmp_path / "env" / "tmp")
+    assert SingularitySettings.model_validate({"cache_dir": ""}).cache_dir == tmp_path / "env"
     bad_options: list[dict[str, object]] = [
         {"memory": "lots"},
         {"pids_limit": "0"},
@@ -641,10 +658,15 @@ def test_options_are_checked(tmp_path: Path) -> None:
         {"writable": "yes"},
     ]
     for bad in bad_options:
-        with pytest.raises(ValueError):
-            SingularityOptions.parse(bad, environ={})
-    with pytest.raises(ValueError, match="','"):
-        SingularityOptions.parse({"cache_dir": "/tmp/a,b"}, environ={})
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            SingularitySettings.model_validate(bad)
+    with pytest.raises(ValidationError, match="','") as caught:
+        SingularitySettings.model_validate({"cache_dir": "/tmp/a,b"})
+    assert caught.value.error_count() == 1  # the directories under it are not reported again
+    with pytest.raises(ValidationError, match="writable"):
+        SingularityBackend({"writable": "yes"})
+    backend = SingularityBackend(SingularitySettings(cache_dir=tmp_path, memory=None))
+    assert backend.settings.limits_required and backend.settings.scratch_dir == tmp_path / "sandboxes"
 
 
 def test_missing_binary_is_a_clear_sandbox_error(tmp_path: Path) -> None:

@@ -26,11 +26,14 @@ Contract (checked by ``tests/test_sandbox_conformance.py`` against every backend
 from __future__ import annotations
 
 import os
+import re
 import socket
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, TypeVar
+from typing import Annotated, ClassVar
+
+from pydantic import BeforeValidator
 
 from trajkit.settings import StrictSettings
 
@@ -274,21 +277,43 @@ def cap_text(text: str, cap: int) -> str:
     return buffer.text()
 
 
-Number = TypeVar("Number", int, float)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
-def positive_option(values: Mapping[str, str], option: str, kind: type[Number]) -> Number | None:
-    """The ``--sandbox_option`` value ``option`` (``BACKEND.KEY``) as a positive number, None if absent.
+def size_in_bytes(value: object) -> object:
+    """A size given as text (``512m``, ``4G``, ``1.5g``, ``100000`` for bytes) as a number of bytes.
 
-    ``values`` maps the backend's keys to their text; ValueError names the option and what is wrong.
+    For a settings field's ``BeforeValidator``: other values (an int from a configuration file) pass
+    through for pydantic to check; a text that is no size raises ValueError saying what is expected.
     """
-    key = option.partition(".")[2]
-    if key not in values:
-        return None
-    try:
-        number = kind(values[key])
-    except ValueError:
-        raise ValueError(f"{option}={values[key]!r}: expected a {kind.__name__}") from None
-    if number <= 0:
-        raise ValueError(f"{option}={values[key]!r}: must be positive")
-    return number
+    if not isinstance(value, str):
+        return value
+    match = _SIZE.match(value)
+    if match is None:
+        raise ValueError(f"{value!r} is not a size: expected bytes, or a number with K, M, G or T (512m, 4G)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def none_lifts(value: object) -> object:
+    """``none`` (any case) as None, the value that lifts a limit; for a ``BeforeValidator``."""
+    return None if isinstance(value, str) and value.strip().lower() == "none" else value
+
+
+def size_or_none(value: object) -> object:
+    """:func:`size_in_bytes`, with ``none`` lifting the limit."""
+    value = none_lifts(value)
+    return None if value is None else size_in_bytes(value)
+
+
+def lowered(value: object) -> object:
+    """A choice compared without case or surrounding blanks; for a ``BeforeValidator``."""
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+ByteSize = Annotated[int, BeforeValidator(size_in_bytes)]
+"""A number of bytes that a setting may also give as ``512m`` or ``4G``; bound it with ``Field(gt=0)``."""
+ByteLimit = Annotated[int | None, BeforeValidator(size_or_none)]
+"""A limit in bytes (``512m``, ``4G``...) that ``none`` lifts; bound it with ``Field(gt=0)``."""
+CountLimit = Annotated[int | None, BeforeValidator(none_lifts)]
+"""A limit on a count that ``none`` lifts; bound it with ``Field(gt=0)``."""

@@ -1,16 +1,10 @@
 """The local sandbox: a fresh directory per prompt, isolated by bubblewrap wherever it can be.
 
-Options (``--sandbox_option local.KEY=VALUE``):
-
-- ``isolation``: ``auto`` (the default) runs every command in bubblewrap when it works here (see
-  :mod:`trajkit.plugins.bubblewrap`: read-only host, private /tmp, no network, own PID namespace,
-  no host sockets) and otherwise says once that commands run unconfined; ``bwrap`` insists on it;
-  ``none`` is the explicit opt-out: commands run as ordinary processes of the runner's user.
-- ``network``: ``none`` (default) or ``host`` (isolated commands share the host's network).
-- ``shell``: the shell running commands, bash by default; ``/bin/sh`` (dash) starts on about 40 %
-  less CPU.
-- ``root``: where the prompts' directories live; by default a private (0700) directory of this
-  user's in the temporary directory.
+Settings (``--sandbox_option local.KEY=VALUE``, ``[sandbox_options.local]``): see
+:class:`LocalSettings`. By default every command runs in bubblewrap when it works here (see
+:mod:`trajkit.plugins.bubblewrap`: read-only host, private /tmp, no network, own PID namespace, no
+host sockets), and otherwise the run says once that commands run unconfined; ``isolation=none`` is
+the explicit opt-out.
 
 Whatever the isolation, the file tools reach only the prompt's working directory, through
 :class:`trajkit.confined.Beneath`: no symlink or ``..`` out of it, regular files only, reads capped.
@@ -30,6 +24,9 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field
 
 from trajkit import hookimpl
 from trajkit.confined import Beneath
@@ -41,29 +38,21 @@ from trajkit.sandbox import (
     DEFAULT_CWD,
     DEFAULT_OUTPUT_CAP,
     DEFAULT_READ_LIMIT,
+    ByteSize,
     ExecResult,
     Sandbox,
     SandboxBackend,
     SandboxError,
     SandboxInfo,
     SandboxSpec,
+    lowered,
     owner_gone,
     owner_tag,
-    positive_option,
 )
+from trajkit.settings import StrictSettings
 
 log = logging.getLogger(__name__)
 
-OPTIONS = {
-    "isolation": ("auto", "bwrap", "none"),
-    "network": ("none", "host"),
-    "shell": (),
-    "root": (),
-    "max_processes": (),
-    "memory": (),
-}
-DEFAULT_MAX_PROCESSES = 1024
-DEFAULT_MEMORY = 4 * 1024**3
 CGROUP_PREFIX = "trajkit-"
 """A backend's sandbox cgroups live in a directory named CGROUP_PREFIX + its process's pid + a token
 of its own: several backends of one process (a library user's, a test's) never share one."""
@@ -84,32 +73,60 @@ def trajkit_sandbox_backends() -> list[type[SandboxBackend]]:
     return [LocalBackend]
 
 
+class LocalSettings(StrictSettings):
+    """The local backend's settings; safe by default (bubblewrap where it works, no network)."""
+
+    isolation: Annotated[Literal["auto", "bwrap", "none"], BeforeValidator(lowered)] = Field(
+        "auto",
+        description="auto: every command in bubblewrap when it works here (read-only host, private "
+        "/tmp, no network, own PID namespace), else the run says once that commands run unconfined; "
+        "bwrap: insist on bubblewrap; none: the explicit opt-out, commands run as ordinary processes "
+        "of this user",
+    )
+    network: Annotated[Literal["none", "host"], BeforeValidator(lowered)] = Field(
+        "none", description="none: isolated commands have no network; host: they share the host's"
+    )
+    shell: str | None = Field(
+        None,
+        description="the shell running commands (a path or a name on PATH); bash, else /bin/sh, when "
+        "unset; /bin/sh (dash) starts on about 40 % less CPU",
+    )
+    root: str | None = Field(
+        None,
+        description="where the prompts' directories live; unset: a private (0700) directory of this "
+        "user's in the temporary directory",
+    )
+    max_processes: int = Field(
+        1024, gt=0, description="processes a sandbox may hold at once (through a cgroup of its own)"
+    )
+    memory: ByteSize = Field(
+        4 * 1024**3,
+        gt=0,
+        description="bytes of memory a sandbox may use (through a cgroup of its own), e.g. 512M or "
+        "4G (the default)",
+    )
+
+
 class LocalBackend(SandboxBackend):
     name = "local"
     description = "directory per prompt, in bubblewrap where installed; isolation=none opts out"
+    Settings = LocalSettings
+    settings: LocalSettings
 
-    def __init__(self, options: Mapping[str, object] | None = None) -> None:
-        super().__init__(options)
-        values = {key: str(value) for key, value in self.options.items()}
-        for key, value in values.items():
-            if key not in OPTIONS:
-                raise SandboxError(f"local sandbox: unknown option {key!r} (known: {', '.join(OPTIONS)})")
-            if OPTIONS[key] and value not in OPTIONS[key]:
-                raise SandboxError(
-                    f"local sandbox: {key} must be one of {', '.join(OPTIONS[key])}, not {value!r}"
-                )
-        self.root_text = values.get("root") or os.path.join(
+    def __init__(self, settings: LocalSettings | Mapping[str, object] | None = None) -> None:
+        super().__init__(settings)
+        self.root_text = self.settings.root or os.path.join(
             tempfile.gettempdir(), f"trajkit-local-{os.getuid()}"
         )
         self.root = Path(self.root_text)
-        self.shell = _find_shell(values.get("shell", ""))
-        self.isolated = _isolation(values.get("isolation", "auto"))
-        self.bwrap = bubblewrap.Bubblewrap(self.root_text, network=values.get("network") == "host")
+        self.shell = _find_shell(self.settings.shell or "")
+        self.isolated = _isolation(self.settings.isolation)
+        self.bwrap = bubblewrap.Bubblewrap(self.root_text, network=self.settings.network == "host")
         self.root_ready = False
-        max_processes = positive_option(values, "local.max_processes", int) or DEFAULT_MAX_PROCESSES
-        memory = _bytes(values["memory"]) if "memory" in values else DEFAULT_MEMORY
         cgroups = local_cgroups.detect(
-            f"{CGROUP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}", max_processes=max_processes, memory=memory
+            f"{CGROUP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}",
+            max_processes=self.settings.max_processes,
+            memory=self.settings.memory,
         )
         self.cgroups = cgroups if isinstance(cgroups, local_cgroups.Cgroups) else None
         if self.cgroups is None:
@@ -154,21 +171,6 @@ class LocalBackend(SandboxBackend):
     async def aclose(self) -> None:
         if self.cgroups:
             await asyncio.to_thread(self.cgroups.close)
-
-
-def _bytes(text: str) -> int:
-    """``4G``, ``512M``, ``100000`` (bytes) as a number of bytes."""
-    units = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-    number, unit = (text[:-1], units[text[-1].upper()]) if text[-1:].upper() in units else (text, 1)
-    try:
-        value = int(float(number) * unit)
-    except ValueError:
-        raise SandboxError(
-            f"local sandbox: memory={text!r}: expected bytes, or a number with K, M, G or T"
-        ) from None
-    if value <= 0:
-        raise SandboxError(f"local sandbox: memory={text!r}: must be positive")
-    return value
 
 
 def _isolation(wanted: str) -> bool:

@@ -34,8 +34,8 @@ from trajkit.sandbox import (
 )
 from trajkit_docker.archive import pack_directory
 from trajkit_docker.engine import ContainerSummary, Engine, api_message, translated
-from trajkit_docker.options import DockerOptions
 from trajkit_docker.sandbox import STATE_DIR, DockerSandbox
+from trajkit_docker.settings import DockerSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,14 +73,13 @@ class DockerBackend(SandboxBackend):
     image_based: ClassVar[bool] = True
     default_for_images: ClassVar[bool] = True
     description: ClassVar[str] = (
-        "one container per prompt; options: network (none|host|bridge), cpus, memory (default 4g), "
-        "pids_limit (default 1024; none lifts either), "
-        "pull (missing|always|never), pull_timeout"
+        "one container per prompt: no network, 4g of memory and 1024 processes by default"
     )
+    Settings = DockerSettings
+    settings: DockerSettings
 
-    def __init__(self, options: Mapping[str, object] | None = None) -> None:
-        super().__init__(options)
-        self.settings = DockerOptions.parse(self.options)
+    def __init__(self, settings: DockerSettings | Mapping[str, object] | None = None) -> None:
+        super().__init__(settings)
         self._engine: Engine | None = None
         self._engine_lock: asyncio.Lock | None = None
         self._executor = ThreadPoolExecutor(CONTROL_THREADS, thread_name_prefix="trajkit-docker")

@@ -51,8 +51,8 @@ from trajkit_singularity.instances import (
     start_watchdog,
     stop_watchdog,
 )
-from trajkit_singularity.options import SingularityOptions
 from trajkit_singularity.sandbox import SingularitySandbox, remove_tree
+from trajkit_singularity.settings import SingularitySettings
 
 log = logging.getLogger(__name__)
 INSPECT_TIMEOUT = 60.0
@@ -76,9 +76,11 @@ class SingularityBackend(SandboxBackend):
         "remote references converted once into cached SIFs)"
     )
 
-    def __init__(self, options: Mapping[str, object] | None = None) -> None:
-        super().__init__(options)
-        self.settings = SingularityOptions.parse(self.options)
+    Settings = SingularitySettings
+    settings: SingularitySettings
+
+    def __init__(self, settings: SingularitySettings | Mapping[str, object] | None = None) -> None:
+        super().__init__(settings)
         self._engine: Apptainer | None = None
         self._resolved: dict[str, ResolvedImage] = {}
         self._image_locks: dict[str, asyncio.Lock] = {}
