@@ -293,13 +293,44 @@ def test_create_passes_lifetime_resources_tags_and_workdir(fake: FakeModal) -> N
     asyncio.run(body())
 
 
-def test_bad_options_fail_up_front() -> None:
-    with pytest.raises(SandboxError, match="unknown option"):
-        ModalBackend({"cpus": "2"})
-    with pytest.raises(SandboxError, match="create_rate"):
-        ModalBackend({"create_rate": "fast"})
-    with pytest.raises(SandboxError, match="block_network"):
-        ModalBackend({"block_network": "maybe"})
+def test_settings_take_text_or_typed_values_and_bad_ones_fail_up_front() -> None:
+    from pydantic import ValidationError
+    from trajkit_modal.settings import ModalSettings
+
+    flags = {"cpu": "2", "memory": "4096", "block_network": "off", "create_retries": "0", "create_burst": "8"}
+    typed = {"cpu": 2, "memory": 4096, "block_network": False, "create_retries": 0, "create_burst": 8}
+    assert ModalBackend(flags).settings == ModalBackend(ModalSettings.model_validate(typed)).settings
+    for text, value in [
+        ("yes", True),
+        ("1", True),
+        ("on", True),
+        ("no", False),
+        ("0", False),
+        ("False", False),
+    ]:
+        assert ModalSettings.model_validate({"block_network": text}).block_network is value
+    defaults = ModalSettings()
+    assert (defaults.app, defaults.block_network, defaults.create_rate, defaults.burst) == (
+        "trajkit",
+        True,
+        4,
+        4,
+    )
+    assert ModalSettings(create_rate=0.5).burst == 1
+    bad: list[dict[str, object]] = [
+        {"cpus": "2"},
+        {"create_rate": "fast"},
+        {"create_rate": "0"},
+        {"block_network": "maybe"},
+        {"create_burst": "0.5"},
+        {"create_retries": "-1"},
+        {"create_backoff": "-1"},
+        {"call_timeout": "0"},
+        {"memory": "4g"},
+    ]
+    for options in bad:
+        with pytest.raises(ValidationError, match=next(iter(options))):
+            ModalBackend(options)
 
 
 # --- images --------------------------------------------------------------------------------------

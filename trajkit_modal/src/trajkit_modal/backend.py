@@ -1,18 +1,8 @@
 """Modal sandboxes: one Modal Sandbox per prompt, in one Modal app per run.
 
-Options (``--sandbox_option modal.KEY=VALUE``):
-
-- ``app``: name of the Modal app the sandboxes belong to (default ``trajkit``; created if missing).
-- ``environment``: Modal environment (default: Modal's configured one).
-- ``cpu`` (cores) and ``memory`` (MiB): resources requested for each sandbox.
-- ``block_network``: ``true`` (default) cuts the sandbox off from the network.
-- ``registry_secret``: name of a Modal Secret holding credentials for a private image registry.
-- ``create_rate`` (default 4) and ``create_burst`` (default: the rate): sandbox creations per
-  second, and how many may start at once, across the whole run.
-- ``create_retries`` (default 6) and ``create_backoff`` (seconds, default 1): how often and how
-  patiently a creation refused for rate or capacity reasons is retried.
-- ``create_timeout``, ``build_timeout``, ``call_timeout`` (seconds): upper bounds for creating a
-  sandbox, building an image, and any other call to Modal.
+Settings (``--sandbox_option modal.KEY=VALUE``, ``[sandbox_options.modal]``): see
+:class:`trajkit_modal.settings.ModalSettings` (app, environment, cpu, memory, block_network,
+registry_secret, the pace and retries of creations, and bounds on every call to Modal).
 
 Credentials come only from Modal's own configuration (``MODAL_TOKEN_ID``/``MODAL_TOKEN_SECRET`` or
 ``~/.modal.toml``); this module never reads them.
@@ -27,8 +17,7 @@ import asyncio
 import logging
 import math
 import posixpath
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
 from trajkit.sandbox import (
@@ -43,8 +32,9 @@ from trajkit.sandbox import (
 )
 from trajkit_modal.ratelimit import TokenBucket, backoff_delay
 from trajkit_modal.sandbox import INLINE_COMMAND_LIMIT, ModalSandbox
+from trajkit_modal.settings import ModalSettings
 
-__all__ = ["INLINE_COMMAND_LIMIT", "MAX_LIFETIME", "ModalBackend", "ModalSandbox"]
+__all__ = ["INLINE_COMMAND_LIMIT", "MAX_LIFETIME", "ModalBackend", "ModalSandbox", "ModalSettings"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,83 +55,6 @@ AUTH_HINT = (
 )
 
 
-@dataclass(frozen=True)
-class ModalSettings:
-    """The backend's options, parsed and checked once so that a typo fails the run up front."""
-
-    app: str = "trajkit"
-    environment: str | None = None
-    cpu: float | None = None
-    memory: int | None = None
-    block_network: bool = True
-    registry_secret: str | None = None
-    create_rate: float = 4.0
-    create_burst: float | None = None
-    create_retries: int = 6
-    create_backoff: float = 1.0
-    create_timeout: float = 600.0
-    build_timeout: float = 1800.0
-    call_timeout: float = 120.0
-
-    @classmethod
-    def parse(cls, options: Mapping[str, object]) -> ModalSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise SandboxError(
-                f"modal: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        values: dict[str, Any] = {name: _convert(name, value) for name, value in options.items()}
-        settings = cls(**values)
-        settings.check()
-        return settings
-
-    def check(self) -> None:
-        positive = ("create_rate", "create_timeout", "build_timeout", "call_timeout")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise SandboxError(f"modal: option {name} must be positive")
-        if self.create_retries < 0 or self.create_backoff < 0:
-            raise SandboxError("modal: options create_retries and create_backoff cannot be negative")
-        if self.create_burst is not None and self.create_burst < 1:
-            raise SandboxError("modal: option create_burst must be at least 1")
-
-    @property
-    def burst(self) -> float:
-        return self.create_burst if self.create_burst is not None else max(1.0, self.create_rate)
-
-
-def _convert(name: str, value: object) -> object:
-    """Option values arrive as strings from the command line; turn them into the field's type."""
-    converters: dict[str, Callable[[Any], object]] = {
-        "cpu": float,
-        "memory": int,
-        "block_network": _parse_bool,
-        "create_rate": float,
-        "create_burst": float,
-        "create_retries": int,
-        "create_backoff": float,
-        "create_timeout": float,
-        "build_timeout": float,
-        "call_timeout": float,
-    }
-    try:
-        return converters.get(name, str)(value)
-    except (TypeError, ValueError):
-        raise SandboxError(f"modal: option {name} has an invalid value {value!r}") from None
-
-
-def _parse_bool(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(text)
-
-
 class ModalBackend(SandboxBackend):
     """Creates Modal sandboxes; ``sdk`` replaces the ``modal`` module (tests pass a fake)."""
 
@@ -149,9 +62,11 @@ class ModalBackend(SandboxBackend):
     image_based = True
     description = "Modal cloud sandboxes (app, cpu, memory, block_network, registry_secret, create_rate)"
 
-    def __init__(self, options: Mapping[str, object] | None = None, sdk: Any = None) -> None:
-        super().__init__(options)
-        self.settings = ModalSettings.parse(self.options)
+    Settings = ModalSettings
+    settings: ModalSettings
+
+    def __init__(self, settings: ModalSettings | Mapping[str, object] | None = None, sdk: Any = None) -> None:
+        super().__init__(settings)
         self._sdk: Any = sdk
         self._app: Any = None
         self._app_lock = asyncio.Lock()
