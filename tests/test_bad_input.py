@@ -87,13 +87,13 @@ def test_list_distributions_in_both_spellings() -> None:
 
 
 def test_providers_flags_take_comma_lists(tmp_path: Path) -> None:
-    from trajkit.config import RunConfig
     from trajkit.plugins.openai_client import request_extras
+    from trajkit.plugins.openai_settings import OpenAISettings
 
-    config = RunConfig(
+    settings = OpenAISettings(
         providers_allowed=["a", "b"], provider_sort="price", reasoning_effort="high", max_tokens=100
     )
-    extras = request_extras(config)
+    extras = request_extras(settings)
     assert extras["provider"] == {"only": ["a", "b"], "sort": "price"}
     assert extras["reasoning"] == {"effort": "high"}
     dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])

@@ -51,8 +51,8 @@ def test_unknown_keys_are_errors_with_their_place(tmp_path: Path) -> None:
     )
     result = trajkit("run", "--config", str(config))
     assert result.returncode == 2
-    assert f"{config}: max_turnz: Extra inputs are not permitted" in result.stderr
-    assert f"{config}: routes.0.backnd: Extra inputs are not permitted" in result.stderr
+    assert f"{config}: max_turnz: no such setting (did you mean max_turns?)" in result.stderr
+    assert f"{config}: routes.0.backnd: no such setting" in result.stderr
 
 
 def test_broken_config_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import read_jsonl, write_jsonl
+from trajkit.manager import load_plugins
 from trajkit.plugins import bubblewrap
 from trajkit.plugins.scripted_model import scripted_reply, split_task
 from trajkit.testing.engines import need_engine
@@ -155,14 +156,17 @@ def test_one_hostile_session_among_six_ordinary_ones(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("content", ["", "\n"])
 def test_an_empty_key_file_is_refused(tmp_path: Path, content: str) -> None:
-    from trajkit.config import RunConfig
+    from trajkit.configure import resolve
 
+    host = load_plugins(entry_points=False)
     key_file = tmp_path / "key"
     key_file.write_text(content)
-    with pytest.raises(ValueError, match="is empty"):
-        RunConfig(api_key_file=key_file)
+    with pytest.raises(ValueError, match=r"openai.*api_key_file .* is empty"):
+        resolve(host, {"model": "m", "api_key_file": key_file})
     key_file.write_text(f"  {KEY}\n")
-    assert RunConfig(api_key_file=key_file).secret_values() == [KEY]
+    config = resolve(host, {"model": "m", "api_key_file": key_file})
+    assert config.secret_values() == [KEY]
+    assert KEY not in json.dumps(config.manifest())
 
 
 def test_a_secret_that_reaches_a_record_is_scrubbed_and_counted(tmp_path: Path) -> None:

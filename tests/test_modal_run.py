@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import read_jsonl, write_jsonl
 from trajkit import hookimpl
-from trajkit.config import RunConfig
+from trajkit.configure import resolve
 from trajkit.manager import load_plugins
 from trajkit.runner import Runner
 from trajkit.sandbox import SandboxBackend
@@ -41,11 +41,11 @@ def test_fifty_prompts_on_modal_with_paced_creation(tmp_path: Path) -> None:
     ]
     dataset = write_jsonl(tmp_path / "p.jsonl", rows)
     with OpenAITestServer(dialect_policy) as server:
-        config = RunConfig(
+        config = resolve(host, dict(
             dataset_file=dataset, run_name="modal", output_dir=tmp_path, model="m", base_url=server.base_url,
             num_workers=50, quiet=True, distribution="file_only",
             sandbox_options={"modal": {"create_rate": str(rate), "create_burst": str(burst)}},
-        )  # fmt: skip
+        ))  # fmt: skip
         outcome = asyncio.run(Runner(config, host).run())
     assert outcome.exit_code == 0
     records = read_jsonl(tmp_path / "modal" / "trajectories.jsonl")

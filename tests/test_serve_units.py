@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trajkit.config import RunConfig
+from trajkit.configure import resolve
 from trajkit.manager import load_plugins
 from trajkit.model import ToolCall
 from trajkit.plugins.openai_client import OpenAIClient
@@ -22,7 +22,9 @@ class NoParams(OpenAIClient):
 
 def test_sampling_fields_a_client_cannot_apply_are_refused_not_dropped() -> None:
     agent = ServedAgent(
-        RunConfig(model="some/model", api_key="sk-unit-test-key"), ServeSettings(), load_plugins()
+        resolve(host := load_plugins(), {"model": "some/model", "api_key": "sk-unit-test-key"}),
+        ServeSettings(),
+        host,
     )
     request = ChatRequest.model_validate(
         {"model": "some/model", "messages": [{"role": "user", "content": "x"}]}

@@ -60,11 +60,14 @@ class GroupedCommand(click.Command):
 
 class PluginCommand(GroupedCommand):
     """A command with flags from the installed plugins' settings, added when it is first asked
-    for (``plugin_params(host)``; the host is the root context's object)."""
+    for (``plugin_params(host, command)``; the host is the root context's object)."""
 
     def __init__(
-        self, *args: Any, plugin_params: Callable[[PluginHost], list[click.Parameter]], **kwargs: Any
-    ):
+        self,
+        *args: Any,
+        plugin_params: Callable[[PluginHost, click.Command], list[click.Parameter]],
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.plugin_params = plugin_params
         self.added = False
@@ -72,7 +75,7 @@ class PluginCommand(GroupedCommand):
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
         if not self.added:
             self.added = True
-            self.params.extend(self.plugin_params(ctx.find_root().obj))
+            self.params.extend(self.plugin_params(ctx.find_root().obj, self))
         return super().get_params(ctx)
 
 
@@ -128,7 +131,7 @@ def field_option(
     if shown and not field.is_required() and annotation is not bool:
         help_text = f"{help_text} [default: {field.default}]".strip()
     return SettingOption(
-        [*spellings(flag or extra.get("flag") or name), "__".join(target)],
+        [*spellings(flag or str(extra.get("flag") or name)), "__".join(target)],
         help=help_text,
         group=group,
         target=target,

@@ -16,7 +16,9 @@ flag, or the file and key), the plugin, the key and what it expects.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import difflib
+import functools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +86,12 @@ def resolve(host: PluginHost, given: Mapping[str, Any], places: Mapping[str, str
     places = dict(places or {})
 
     def place(key: str) -> str:
-        return places.get(key) or _flag_of(key)
+        parts = key.split(".")
+        for end in range(len(parts), 0, -1):  # a value inside a table given as a whole
+            found = places.get(".".join(parts[:end]))
+            if found:
+                return ".".join([found, *parts[end:]])
+        return _flag_of(key)
 
     core = {k: v for k, v in given.items() if k in RunConfig.model_fields}
     loose = {k: v for k, v in given.items() if k not in RunConfig.model_fields}
@@ -92,8 +99,7 @@ def resolve(host: PluginHost, given: Mapping[str, Any], places: Mapping[str, str
         c.section: {n: dict(v) for n, v in (core.pop(c.section, None) or {}).items()} for c in CONCERNS
     }
     model = str(core.get("model") or RunConfig.model_fields["model"].default)
-    _spread_flat_settings(host, loose, sections["model_options"], places, place)
-    problems: list[str] = []
+    problems = _spread_flat_settings(host, loose, sections["model_options"], places, place)
     resolved: dict[str, dict[str, BaseModel]] = {}
     for concern in CONCERNS:
         resolved[concern.section] = _validate_sections(
@@ -110,12 +116,13 @@ def resolve(host: PluginHost, given: Mapping[str, Any], places: Mapping[str, str
             )
         except OptionError as exc:
             problems.append(str(exc))
+    try:
+        config = RunConfig(**core, **resolved)
+    except ValidationError as exc:
+        problems.append(describe_errors(exc, place))
     if problems:
         raise ConfigurationError("; ".join(problems))
-    try:
-        return RunConfig(**core, **resolved)
-    except ValidationError as exc:
-        raise ConfigurationError(describe_errors(exc, place)) from None
+    return config
 
 
 def _flag_of(key: str) -> str:
@@ -134,8 +141,9 @@ def _spread_flat_settings(
     model_options: dict[str, dict[str, Any]],
     places: dict[str, str],
     place: Any,
-) -> None:
-    """Top-level keys that are model client settings go to every client that declares them."""
+) -> list[str]:
+    """Top-level keys that are model client settings go to every client that declares them;
+    returns the problems with the keys that are no setting at all."""
     clients = plugin_classes(host, CONCERNS[0])
     unknown = []
     for key, value in loose.items():
@@ -147,9 +155,14 @@ def _spread_flat_settings(
             else:
                 places.setdefault(f"model_options.{name}.{key}", f"--{key}")
         if not owners:
-            unknown.append(f"{place(key)}: no such setting")
+            known = [*RunConfig.model_fields, *(k for c in clients.values() for k in c.Settings.model_fields)]
+            close = difflib.get_close_matches(key, known, n=1)
+            unknown.append(
+                f"{place(key)}: no such setting" + (f" (did you mean {close[0]}?)" if close else "")
+            )
     if unknown:
-        raise ConfigurationError("; ".join(unknown) + " (`trajkit settings` lists them all)")
+        unknown[-1] += " (`trajkit settings` lists them all)"
+    return unknown
 
 
 def _validate_sections(
@@ -180,11 +193,15 @@ def _validate_sections(
                 cls.Settings,
                 data,
                 f"{concern.title} {name!r}",
-                lambda key, name=name: place(f"{concern.section}.{name}.{key}"),
+                functools.partial(_section_place, place, f"{concern.section}.{name}"),
             )
         except OptionError as exc:
             problems.append(str(exc))
     return validated
+
+
+def _section_place(place: Callable[[str], str], section: str, key: str) -> str:
+    return place(f"{section}.{key}")
 
 
 def describe_errors(exc: ValidationError, place: Any) -> str:
@@ -194,7 +211,7 @@ def describe_errors(exc: ValidationError, place: Any) -> str:
         key = ".".join(map(str, error["loc"]))
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            message = "no such setting (`trajkit settings` lists them all)"
+            message = "no such setting"
         problems.append(f"{place(key)}: {message}" if key else message)
     return "; ".join(problems)
 

@@ -22,7 +22,7 @@ from trajkit.manager import PluginError, PluginHost
 log = logging.getLogger("trajkit")
 
 
-@click.command(cls=PluginCommand, plugin_params=lambda host: client_params(host, compress))
+@click.command(cls=PluginCommand, plugin_params=lambda host, command: client_params(host, command))
 @click.argument("source", metavar="INPUT", type=click.Path(path_type=Path, exists=True), required=False)
 @option("out", type=click.Path(path_type=Path, dir_okay=False), help="Output JSONL file.")
 @option("max_tokens", type=click.IntRange(min=1), help="Token budget of each trajectory.")

@@ -59,7 +59,7 @@ def serve_params(host: PluginHost) -> list[click.Parameter]:
     return [*files, *own, *core, *plugins]
 
 
-@click.command(cls=PluginCommand, plugin_params=lambda host: serve_params(host))
+@click.command(cls=PluginCommand, plugin_params=lambda host, _command: serve_params(host))
 @click.pass_context
 def serve(ctx: click.Context, **flags: Any) -> None:
     """Serve the agent as an OpenAI-compatible chat completions API."""

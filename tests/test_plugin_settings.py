@@ -1,0 +1,185 @@
+"""A third-party package's model client and sandbox backend declare settings of their own: they are
+flags, configuration-file keys and sections, validated with errors naming the plugin and the key."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import install_fake_distribution, read_jsonl, trajkit, write_jsonl
+
+ACME_PLUGIN = '''
+    import json
+
+    from pydantic import Field
+
+    from trajkit import hookimpl
+    from trajkit.model import AssistantMessage, ModelClient, ToolCall
+    from trajkit.sandbox import ExecResult, Sandbox, SandboxBackend, SandboxInfo
+    from trajkit.settings import StrictSettings
+
+
+    class AcmeClient(ModelClient):
+        name = "acme"
+        description = "answers with its greeting after one shell command"
+
+        class Settings(StrictSettings):
+            greeting: str = "hello"
+            """What the model says when it is done."""
+            depth: int = Field(2, ge=1)
+            """How many times it says it."""
+
+        @classmethod
+        def from_config(cls, config):
+            client = cls()
+            client.settings = config.settings_of(cls)
+            return client
+
+        async def complete(self, messages, tools, params=None):
+            if not any(m["role"] == "tool" for m in messages):
+                call = ToolCall("c1", "terminal", '{"command": "whoami"}')
+                return AssistantMessage(reasoning="ask the shell", tool_calls=[call])
+            result = json.loads([m["content"] for m in messages if m["role"] == "tool"][0])["output"]
+            words = " ".join([self.settings.greeting] * self.settings.depth)
+            return AssistantMessage(content=f"{words} / {result.strip()}", reasoning="done")
+
+
+    class VaultSandbox(Sandbox):
+        cwd = "/"
+
+        def __init__(self, label):
+            self.info = SandboxInfo(backend="vault")
+            self.label = label
+
+        async def exec(self, command, *, timeout=None, cwd=None, **kwargs):
+            return ExecResult(0, f"label={self.label}\\n", "")
+
+        async def read_file(self, path, *, limit=1 << 20):
+            raise FileNotFoundError(path)
+
+        async def write_file(self, path, data):
+            raise PermissionError(path)
+
+        async def close(self):
+            pass
+
+
+    class VaultBackend(SandboxBackend):
+        name = "vault"
+
+        class Settings(StrictSettings):
+            label: str = "plain"
+            """Printed by every command."""
+            slots: int = Field(4, ge=1)
+            """Sandboxes at once."""
+
+        async def create(self, spec):
+            return VaultSandbox(f"{self.settings.label}/{self.settings.slots}")
+
+
+    @hookimpl
+    def trajkit_model_clients():
+        return [AcmeClient]
+
+
+    @hookimpl
+    def trajkit_sandbox_backends():
+        return [VaultBackend]
+'''
+
+
+@pytest.fixture
+def acme(tmp_path: Path) -> dict[str, str]:
+    site = tmp_path / "site"
+    site.mkdir()
+    install_fake_distribution(site, "trajkit-acme", "trajkit_acme", ACME_PLUGIN, "acme")
+    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+def run_acme(tmp_path: Path, env: dict[str, str], name: str, *flags: str) -> tuple[int, str, list[str]]:
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "who are you"}])
+    result = trajkit(
+        "run", "--dataset_file", str(dataset), "--run_name", name, "--output_dir", str(tmp_path),
+        "--distribution", "terminal_only", "--quiet", *flags, env=env,
+    )  # fmt: skip
+    if result.returncode != 0:
+        return result.returncode, result.stderr, []
+    records = read_jsonl(tmp_path / name / "trajectories.jsonl")
+    return 0, result.stderr, [r["conversations"][-1]["value"] for r in records]
+
+
+def test_plugin_settings_appear_in_help_and_the_listing(acme: dict[str, str]) -> None:
+    help_text = trajkit("run", "--help", env=acme).stdout
+    client = help_text.index("model client 'acme':")
+    backend = help_text.index("sandbox backend 'vault':")
+    assert "--greeting TEXT" in help_text[client:] and "What the model says when it is done." in help_text
+    assert "--depth INTEGER" in help_text[client:] and "[default: 2]" in help_text[client:]
+    assert "--vault.slots INTEGER" in help_text[backend:] and "Sandboxes at once." in help_text
+    assert "--vault.label TEXT" in help_text[backend:]
+
+    listing = [json.loads(line) for line in trajkit("settings", "--json", env=acme).stdout.splitlines()]
+    by_key = {entry["key"]: entry for entry in listing}
+    assert by_key["depth"]["group"] == "model client 'acme'" and by_key["depth"]["default"] == 2
+    assert by_key["sandbox_options.vault.slots"]["flag"] == "--vault.slots"
+    assert by_key["sandbox_options.vault.label"]["description"] == "Printed by every command."
+
+
+def test_plugin_settings_from_the_file_and_flags_reach_the_plugins(
+    tmp_path: Path, acme: dict[str, str]
+) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(
+        'model = "acme"\nsandbox = "vault"\ngreeting = "ahoy"\ndepth = 1\n'
+        '[sandbox_options.vault]\nlabel = "from-file"\nslots = 9\n'
+    )
+    code, stderr, answers = run_acme(tmp_path, acme, "file", "--config", str(config))
+    assert code == 0, stderr
+    assert answers == ["ahoy / label=from-file/9"]
+    saved = json.loads((tmp_path / "file" / "run.json").read_text())["config"]
+    assert (saved["greeting"], saved["depth"]) == ("ahoy", 1)
+    assert saved["sandbox_options"]["vault"] == {"label": "from-file", "slots": 9}
+
+    code, stderr, answers = run_acme(
+        tmp_path, acme, "flags", "--config", str(config), "--depth", "3", "--vault.label", "from-flag",
+        "--sandbox-option", "vault.slots=2",
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert answers == ["ahoy ahoy ahoy / label=from-flag/2"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "toml", "expected"),
+    [
+        ((), "depth = 0\n", "{file}: depth=0: model client 'acme' expects depth to be int >= 1"),
+        (("--vault.slots", "0"), "", "--vault.slots=0: sandbox backend 'vault' expects slots to be int >= 1"),
+        (
+            (),
+            '[sandbox_options.vault]\nslots = "many"\n',
+            "{file}: sandbox_options.vault.slots=many: sandbox backend 'vault' expects slots to be int >= 1",
+        ),
+        (
+            ("--sandbox_option", "vault.colour=red"),
+            "",
+            "--sandbox_option vault.colour: sandbox backend 'vault' has no setting 'colour' (its settings: label, slots)",
+        ),
+        (
+            (),
+            '[sandbox_options.vault]\ncolour = "red"\n',
+            "{file}: sandbox_options.vault.colour: sandbox backend 'vault' has no setting 'colour'",
+        ),
+        ((), "greetnig = 1\n", "{file}: greetnig: no such setting (did you mean greeting?)"),
+        ((), "[sandbox_options.vualt]\nslots = 1\n", "no sandbox backend is called 'vualt'"),
+    ],
+)
+def test_a_wrong_plugin_setting_names_the_plugin_the_key_and_what_it_expects(
+    tmp_path: Path, acme: dict[str, str], flags: tuple[str, ...], toml: str, expected: str
+) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('model = "acme"\nsandbox = "vault"\n' + toml)
+    code, stderr, _ = run_acme(tmp_path, acme, "bad", "--config", str(config), *flags)
+    assert code == 2
+    assert expected.format(file=config) in stderr
+    assert not (tmp_path / "bad").exists()
