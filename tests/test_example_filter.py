@@ -99,6 +99,22 @@ def test_the_minimum_comes_from_the_environment(tmp_path: Path) -> None:
     }
 
 
+def test_the_minimum_is_a_setting_of_the_filter(tmp_path: Path) -> None:
+    run_dir = run(tmp_path, "min3", "--filter", "min_tool_calls", "--min_tool_calls.minimum", "4")
+    assert len(read_jsonl(run_dir / "rejected.jsonl")) == 2
+    config = tmp_path / "run.toml"
+    config.write_text('[filter_options.min_tool_calls]\nminimum = "few"\n')
+    result = trajkit(
+        "run", "--dataset_file", str(tmp_path / "prompts.jsonl"), "--run_name", "bad", "--config", str(config),
+        "--output_dir", str(tmp_path / "data"), env=plugin_env(tmp_path / "bad" / "site"),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert (
+        f"{config}: filter_options.min_tool_calls.minimum=few: filter 'min_tool_calls' expects minimum to be int >= 0"
+        in result.stderr
+    )
+
+
 def test_the_filter_is_off_unless_named(tmp_path: Path) -> None:
     run_dir = run(tmp_path, "off")
     assert read_jsonl(run_dir / "rejected.jsonl") == []

@@ -127,7 +127,8 @@ def field_option(
     else:
         return None  # a table or a nested model: configuration file (or NAME.KEY=VALUE) only
     help_text = (field.description or "").replace("\n", " ")
-    shown = field.default not in (None, [], {}, ()) and len(str(field.default)) <= 40
+    shown = field.default_factory is None and field.default not in (None, [], {}, ())
+    shown = shown and len(str(field.default)) <= 40
     if shown and not field.is_required() and annotation is not bool:
         help_text = f"{help_text} [default: {field.default}]".strip()
     return SettingOption(

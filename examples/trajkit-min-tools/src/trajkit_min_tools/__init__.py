@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 
+from pydantic import Field
+
 from trajkit import hookimpl
 from trajkit.filters import Record, TrajectoryFilter
 from trajkit.manager import PluginError
+from trajkit.settings import StrictSettings
 
 ENV_MINIMUM = "TRAJKIT_MIN_TOOL_CALLS"
 DEFAULT_MINIMUM = 2
@@ -26,24 +29,25 @@ class MinToolCalls(TrajectoryFilter):
     """Rejects a trajectory with fewer tool calls than the minimum.
 
     Every call the model made counts, whether or not the tool succeeded: a failed call followed by
-    a recovery is exactly the behaviour worth training on. The minimum comes from the filter's
-    options in a configuration file, else ``$TRAJKIT_MIN_TOOL_CALLS``, else 2. The merge re-applies
-    filters on every invocation, so resume a run with the same minimum.
+    a recovery is exactly the behaviour worth training on. The merge re-applies filters on every
+    invocation, so resume a run with the same minimum.
     """
 
     name = "min_tool_calls"
-    description = f"fewer than N tool calls (N from ${ENV_MINIMUM}, default {DEFAULT_MINIMUM})"
+    description = (
+        f"fewer than N tool calls (--min_tool_calls.minimum, ${ENV_MINIMUM}, default {DEFAULT_MINIMUM})"
+    )
     enabled_by_default = False
 
-    def __init__(self, minimum: int | None = None) -> None:
-        self.minimum = configured_minimum() if minimum is None else minimum
-        if isinstance(self.minimum, bool) or not isinstance(self.minimum, int) or self.minimum < 0:
-            raise PluginError(f"{self.name}: the minimum must be a whole number >= 0, not {self.minimum!r}")
+    class Settings(StrictSettings):
+        minimum: int = Field(default_factory=lambda: configured_minimum(), ge=0)
+        """Tool calls a trajectory needs at least (default: $TRAJKIT_MIN_TOOL_CALLS, else 2)."""
 
     def check(self, record: Record) -> str | None:
+        minimum = self.settings.minimum
         calls = sum(len(turn["tool_calls"]) for turn in record["conversations"] if turn["from"] == "gpt")
-        if calls < self.minimum:
-            return f"{calls} tool call{'' if calls == 1 else 's'}, fewer than {self.minimum}"
+        if calls < minimum:
+            return f"{calls} tool call{'' if calls == 1 else 's'}, fewer than {minimum}"
         return None
 
 
