@@ -33,7 +33,7 @@ import trajkit_modal.testing as fake_sdk
 from modal.exception import InvalidError, ResourceExhaustedError
 from trajkit_modal.backend import INLINE_COMMAND_LIMIT, MAX_LIFETIME, ModalBackend
 from trajkit_modal.ratelimit import TokenBucket, backoff_delay
-from trajkit_modal.testing import FakeModal
+from trajkit_modal.testing import FakeModal, aio_method, aio_static
 
 from trajkit.sandbox import (
     FileTooLarge,
@@ -361,6 +361,42 @@ def test_registry_secret_is_used_for_private_images(fake: FakeModal) -> None:
             await backend.verify_image("ghcr.io/org/private:1")
         fake.cloud.secrets.add("ghcr-creds")
         assert await backend.verify_image("ghcr.io/org/private:1")
+
+    asyncio.run(body())
+
+
+def test_environment_and_the_bounds_on_building_and_creating_reach_modal(
+    fake: FakeModal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    environments: list[str | None] = []
+    lookup = fake.App.lookup.aio
+
+    async def spied_lookup(cls: type, name: str, **kwargs: Any) -> Any:
+        environments.append(kwargs.get("environment_name"))
+        return await lookup(name, **kwargs)
+
+    async def endless(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(60)
+
+    monkeypatch.setattr(fake, "App", type("App", (fake.App,), {"lookup": aio_static(spied_lookup)}))
+    monkeypatch.setattr(fake, "Image", type("Image", (fake.Image,), {"build": aio_method(endless)}))
+    monkeypatch.setattr(fake, "Sandbox", type("Sandbox", (fake.Sandbox,), {"create": aio_static(endless)}))
+    settings = {
+        "environment": "staging",
+        "build_timeout": "0.2",
+        "create_timeout": "0.2",
+        "create_rate": "100",
+    }
+
+    async def body() -> None:
+        backend = ModalBackend(settings, sdk=fake)
+        started = time.monotonic()
+        with pytest.raises(ImageUnavailable, match=r"took longer than 0\.2 s"):
+            await backend.verify_image("python:3.11-slim")
+        with pytest.raises(SandboxError, match=r"creating a sandbox took longer than 0\.2 s"):
+            await backend.create(spec())
+        assert time.monotonic() - started < 10
+        assert environments == ["staging"]  # looked up once, in the configured environment
 
     asyncio.run(body())
 

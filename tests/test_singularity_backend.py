@@ -593,6 +593,31 @@ def test_host_environment_does_not_reach_the_sandbox(
     asyncio.run(body())
 
 
+@pytest.mark.engine("apptainer")
+def test_build_scratch_and_sandbox_directories_can_live_apart_from_the_cache(
+    apptainer: None, cache_dir: Path, tmp_path: Path
+) -> None:
+    scratch, build_tmp = tmp_path / "scratch", tmp_path / "build-tmp"
+
+    async def body() -> None:
+        backend = make_backend(cache_dir, scratch_dir=str(scratch), tmp_dir=str(build_tmp))
+        assert backend.engine.env["APPTAINER_TMPDIR"] == str(build_tmp)
+        assert str(scratch) in backend.engine.env["TRAJKIT_APPTAINER_BINDS"].split(":")
+        assert await backend.verify_image(f"docker-archive://{DOCKER_ARCHIVE}")  # converted through tmp_dir
+        assert build_tmp.is_dir()
+        sandbox_spec = spec()
+        sb = await backend.create(sandbox_spec)
+        try:
+            await sb.write_file("note.txt", b"here")
+            assert [path.read_bytes() for path in scratch.glob("trajkit-*/work/note.txt")] == [b"here"]
+            assert not list((cache_dir / "sandboxes").glob("trajkit-*"))
+        finally:
+            await sb.close()
+        assert list(scratch.glob("trajkit-*")) == []
+
+    asyncio.run(body())
+
+
 def test_owns_image_routes_apptainer_references(tmp_path: Path) -> None:
     from trajkit_singularity import SingularityBackend
 
