@@ -96,6 +96,12 @@ def test_providers_flags_take_comma_lists(tmp_path: Path) -> None:
     extras = request_extras(settings)
     assert extras["provider"] == {"only": ["a", "b"], "sort": "price"}
     assert extras["reasoning"] == {"effort": "high"}
+    quiet = request_extras(
+        OpenAISettings(providers_ignored=["c"], reasoning_disabled=True, reasoning_effort="high")
+    )
+    assert quiet["provider"] == {"ignore": ["c"]} and quiet["reasoning"] == {"enabled": False}
+    local = OpenAISettings(base_url="http://127.0.0.1:1/v1", reasoning_disabled=True)
+    assert request_extras(local)["reasoning_effort"] == "none" and "provider" not in request_extras(local)
     dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
     result = trajkit("run", "--dataset_file", str(dataset), "--run_name", "p", "--output_dir", str(tmp_path),
                      "--providers_allowed=a,b", "--providers-order", "c")  # fmt: skip

@@ -115,3 +115,18 @@ def test_scrubber_replaces_known_secrets_everywhere_and_counts(monkeypatch: pyte
     assert "sk-the-api-key" not in text and "tok-1234567890" not in text
     assert scrubbed["conversations"][0]["value"] == f"key={REDACTED} and {REDACTED}"
     assert scrubbed["n"] == 3
+
+
+def test_terminal_output_past_the_cap_is_cut_inside_valid_json(tmp_path: Path) -> None:
+    """Escapes make the JSON longer than the output, and stdout and stderr are capped each: the
+    result is cut inside its output field, never in the middle of the JSON."""
+    script = "import sys; print('\"\\x01\\n' * 3000); print('e\\n' * 3000, file=sys.stderr)"
+
+    async def body(ctx: ToolContext) -> str:
+        return await toolsets.terminal({"command": f"python3 -c {json.dumps(script)}"}, ctx)
+
+    content = with_tools(tmp_path, body)
+    assert len(content.encode()) <= 4096
+    result = json.loads(content)
+    assert result["exit_code"] == 0
+    assert result["output"].startswith('"\x01\n"\x01\n') and "bytes truncated" in result["output"]

@@ -17,7 +17,7 @@ ACME_PLUGIN = '''
     from pydantic import Field
 
     from trajkit import hookimpl
-    from trajkit.model import AssistantMessage, ModelClient, ToolCall
+    from trajkit.model import AssistantMessage, ModelClient, ModelError, ToolCall
     from trajkit.sandbox import ExecResult, Sandbox, SandboxBackend, SandboxInfo
     from trajkit.settings import StrictSettings
 
@@ -39,23 +39,25 @@ ACME_PLUGIN = '''
             return client
 
         async def complete(self, messages, tools, params=None):
+            if "[fail]" in messages[-1]["content"]:
+                raise ModelError("the acme model refuses")
             if not any(m["role"] == "tool" for m in messages):
                 call = ToolCall("c1", "terminal", '{"command": "whoami"}')
                 return AssistantMessage(reasoning="ask the shell", tool_calls=[call])
             result = json.loads([m["content"] for m in messages if m["role"] == "tool"][0])["output"]
             words = " ".join([self.settings.greeting] * self.settings.depth)
-            return AssistantMessage(content=f"{words} / {result.strip()}", reasoning="done")
+            return AssistantMessage(content=f"{words} / {result.split()[0]}", reasoning="done")
 
 
     class VaultSandbox(Sandbox):
         cwd = "/"
 
-        def __init__(self, label):
-            self.info = SandboxInfo(backend="vault")
+        def __init__(self, label, image):
+            self.info = SandboxInfo(backend="vault", image=image)
             self.label = label
 
-        async def exec(self, command, *, timeout=None, cwd=None, **kwargs):
-            return ExecResult(0, f"label={self.label}\\n", "")
+        async def exec(self, command, *, timeout=None, cwd=None, **kwargs):  # caps nothing itself
+            return ExecResult(0, f"label={self.label}\\n" + "." * 2000, "")
 
         async def read_file(self, path, *, limit=1 << 20):
             raise FileNotFoundError(path)
@@ -69,6 +71,7 @@ ACME_PLUGIN = '''
 
     class VaultBackend(SandboxBackend):
         name = "vault"
+        image_based = True
 
         class Settings(StrictSettings):
             label: str = "plain"
@@ -77,7 +80,8 @@ ACME_PLUGIN = '''
             """Sandboxes at once."""
 
         async def create(self, spec):
-            return VaultSandbox(f"{self.settings.label}/{self.settings.slots}")
+            label = f"{self.settings.label}/{self.settings.slots}/{spec.lifetime:g}"
+            return VaultSandbox(label, spec.image)
 
 
     @hookimpl
@@ -137,7 +141,7 @@ def test_plugin_settings_from_the_file_and_flags_reach_the_plugins(
     )
     code, stderr, answers = run_acme(tmp_path, acme, "file", "--config", str(config))
     assert code == 0, stderr
-    assert answers == ["ahoy / label=from-file/9"]
+    assert answers == ["ahoy / label=from-file/9/1920"]
     saved = json.loads((tmp_path / "file" / "run.json").read_text())["config"]
     assert (saved["greeting"], saved["depth"]) == ("ahoy", 1)
     assert saved["sandbox_options"]["vault"] == {"label": "from-file", "slots": 9}
@@ -147,7 +151,7 @@ def test_plugin_settings_from_the_file_and_flags_reach_the_plugins(
         "--sandbox-option", "vault.slots=2",
     )  # fmt: skip
     assert code == 0, stderr
-    assert answers == ["ahoy ahoy ahoy / label=from-flag/2"]
+    assert answers == ["ahoy ahoy ahoy / label=from-flag/2/1920"]
 
 
 @pytest.mark.parametrize(
@@ -183,3 +187,26 @@ def test_a_wrong_plugin_setting_names_the_plugin_the_key_and_what_it_expects(
     assert code == 2
     assert expected.format(file=config) in stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_core_settings_reach_the_sessions_of_a_plugin(tmp_path: Path, acme: dict[str, str]) -> None:
+    dataset = write_jsonl(
+        tmp_path / "d.jsonl",
+        [{"prompt": "in an image", "image": "busybox"}, {"prompt": "[fail] abcdefghijkl"}],
+    )
+    result = trajkit(
+        "run", "--dataset_file", str(dataset), "--run_name", "core", "--output_dir", str(tmp_path),
+        "--distribution", "terminal_only", "--model", "acme", "--sandbox", "vault", "--image_backend", "vault",
+        "--sandbox_lifetime", "77", "--tool_output_cap", "300", "--system_prompt", "Be brief.",
+        "--verbose", "--log_prefix_chars", "8", "--max_attempts", "1", env=acme,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr  # the [fail] prompt failed
+    [record] = read_jsonl(tmp_path / "core" / "trajectories.jsonl")
+    assert record["sandbox"]["backend"] == "vault" and record["sandbox"]["image"] == "busybox"
+    assert record["conversations"][0]["value"] == "Be brief."
+    assert record["conversations"][-1]["value"] == "hello hello / label=plain/4/77"
+    tool_output = json.loads(record["conversations"][3]["value"])["output"]
+    assert tool_output.startswith("label=plain/4/77\n..") and "bytes truncated" in tool_output
+    assert len(record["conversations"][3]["value"].encode()) <= 300
+    assert f"finished {record['work_id']} (prompt 0)" in result.stderr  # --verbose
+    assert "'[fail] a'" in result.stderr and "'[fail] ab" not in result.stderr  # --log_prefix_chars

@@ -75,3 +75,18 @@ def test_a_killed_invocation_s_spend_is_counted(tmp_path: Path) -> None:
     )
     assert spent["cost"] == PRICE * spent["requests"]
     assert spent["requests"] > stats["api_calls"] - resumed_requests  # more than the kept sessions show
+
+
+def test_configured_prices_price_an_endpoint_that_reports_no_cost(tmp_path: Path) -> None:
+    def unpriced(body: dict[str, Any]) -> dict[str, Any]:
+        return {**dialect_policy(body), "_usage": {"prompt_tokens": 100, "completion_tokens": 10}}
+
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"task {i}"} for i in range(3)])
+    config = tmp_path / "run.toml"
+    config.write_text('max_tpm = 1000000\n[prices]\n"m" = [2.0, 4.0]\n"other" = [100.0, 100.0]\n')
+    with OpenAITestServer(unpriced) as server:
+        result = trajkit(*run_args(path, tmp_path, server, "--config", str(config)))
+    assert result.returncode == 0, result.stderr
+    spent = json.loads((tmp_path / "r" / "statistics.json").read_text())["spent"]
+    assert spent["requests"] >= 3
+    assert abs(spent["cost"] - spent["requests"] * (100 * 2.0 + 10 * 4.0) / 1e6) < 1e-12

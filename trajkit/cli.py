@@ -269,12 +269,16 @@ def distributions(ctx: click.Context) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per setting.")
+@click.option("--markdown", is_flag=True, help="A reference page (docs/settings.md is made so).")
 @click.pass_context
-def settings(ctx: click.Context, as_json: bool) -> None:
+def settings(ctx: click.Context, as_json: bool, markdown: bool) -> None:
     """List every setting of `trajkit run`: its configuration key, flag, type, default and what it
     does, the core's first, then each installed plugin's."""
-    from trajkit.cli_options import every_setting
+    from trajkit.cli_options import every_setting, settings_page
 
+    if markdown:
+        click.echo(settings_page(load_host(ctx)), nl=False)
+        return
     group = None
     for title, key, flag, field in every_setting(load_host(ctx)):
         default = None if field.is_required() else field.get_default(call_default_factory=True)

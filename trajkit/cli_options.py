@@ -10,6 +10,7 @@ and a configuration file's value is not overridden by a default.
 from __future__ import annotations
 
 import functools
+import json
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -83,6 +84,9 @@ def spellings(name: str) -> list[str]:
     return list(dict.fromkeys([f"--{name}", f"--{name.replace('_', '-')}"]))
 
 
+_METAVARS = {int: "INTEGER", float: "FLOAT", Path: "PATH"}
+
+
 def _unwrap(annotation: Any) -> tuple[Any, bool]:
     """``X | None`` -> (X, True)."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
@@ -118,12 +122,12 @@ def field_option(
         kwargs["type"] = click.Choice([str(choice) for choice in typing.get_args(annotation)])
     elif origin is list and typing.get_args(annotation) in ((str,), ()):
         kwargs.update(multiple=True, callback=_comma_items, default=())
-    elif annotation in (int, float, str):
-        kwargs["type"] = annotation
-    elif annotation is SecretStr:
-        kwargs["type"] = str
-    elif isinstance(annotation, type) and issubclass(annotation, Path):
-        kwargs["type"] = click.Path(path_type=Path)
+    elif annotation in (int, float, str, SecretStr) or (
+        isinstance(annotation, type) and issubclass(annotation, Path)
+    ):
+        # Text, converted by the model: its validators (sizes such as 512m, "none") and its
+        # error messages, which name the plugin and what it expects, apply to flags too.
+        kwargs.update(type=str, metavar=_METAVARS.get(annotation, "TEXT"))
     else:
         return None  # a table or a nested model: configuration file (or NAME.KEY=VALUE) only
     help_text = (field.description or "").replace("\n", " ")
@@ -263,16 +267,46 @@ def every_setting(host: PluginHost) -> Iterable[tuple[str, str, str, FieldInfo]]
     by concern; flag is "" for a setting only a configuration file can hold."""
     from trajkit.config import RunConfig
 
-    def flag_of(key: str, field: FieldInfo, name: str) -> str:
+    def flag_of(key: str, field: FieldInfo, name: str | None) -> str:
         option = field_option(key, field, group="", target=(key,), flag=name)
-        return " / ".join(option.opts) if option is not None else ""
+        if option is not None:
+            return " / ".join(option.opts)
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        return " / ".join(spellings(str(extra["flag"]))) if extra.get("flag") else ""  # a command's own
 
     for key, field in RunConfig.model_fields.items():
         if not key.endswith("_options"):
-            yield "run", key, flag_of(key, field, key), field
+            yield "run", key, flag_of(key, field, None), field
     for concern in CONCERNS:
         for name, cls in sorted(plugin_classes(host, concern).items()):
             for key, field in cls.Settings.model_fields.items():
                 place = key if concern.flat else f"{concern.section}.{name}.{key}"
                 flag = flag_of(key, field, key if concern.flat else f"{name}.{key}")
                 yield f"{concern.title} {name!r}", place, flag, field
+
+
+def settings_page(host: PluginHost) -> str:
+    """Every setting as a Markdown reference page, one table per group."""
+    from trajkit.settings import type_name
+
+    lines = [
+        "# Settings",
+        "",
+        "Made by `trajkit settings --markdown` from the settings models of the core and of the plugins",
+        "in this repository; a test keeps it current. Every key is a `--config` file key (plugin",
+        "sections as `[sandbox_options.NAME]`), every flag works in both spellings.",
+    ]
+    group = None
+    for title, key, flag, field in every_setting(host):
+        if title != group:
+            group = title
+            lines += ["", f"## {title}", "", "| key | flag | type | default | |", "|---|---|---|---|---|"]
+        default = "" if field.default_factory is not None else json.dumps(field.default, default=str)
+        description = " ".join((field.description or "").split()).replace("|", "\\|")
+        cells = [
+            f"`{key}`",
+            f"`{flag.split(' / ')[0]}`" if flag else "file only",
+            type_name(field.annotation),
+        ]
+        lines.append("| " + " | ".join([*cells, f"`{default}`" if default else "", description]) + " |")
+    return "\n".join(lines) + "\n"

@@ -86,8 +86,11 @@ class RunConfig(BaseModel):
     """The saved system prompt (default: a built-in one)."""
     ephemeral_system_prompt: str | None = None
     """Used in every session, never saved."""
-    prefill_messages: list[dict[str, Any]] = Field([], json_schema_extra=flag(cli=False))
-    """Few-shot messages used in every session, never saved (--prefill_messages_file)."""
+    prefill_messages: list[dict[str, Any]] = Field(
+        [], json_schema_extra=flag("prefill_messages_file", cli=False)
+    )
+    """Few-shot messages used in every session, never saved (on the command line: a JSON file of
+    them, --prefill_messages_file)."""
 
     sandbox: str = "local"
     """Backend for rows without an image."""
@@ -158,9 +161,13 @@ class RunConfig(BaseModel):
         return plugin.Settings()
 
     def model_settings(self) -> dict[str, Any]:
-        """The settings of the run's model client (the one section it has), for the manifest."""
-        sections = [s for s in self.model_options.values() if isinstance(s, BaseModel)]
-        return sections[0].model_dump(mode="json") if len(sections) == 1 else {}
+        """The model clients' settings as the top-level keys they are given as, for the manifest."""
+        flat: dict[str, Any] = {}
+        for section in self.model_options.values():
+            if isinstance(section, BaseModel):
+                for key, value in section.model_dump(mode="json").items():
+                    flat.setdefault(key, value)
+        return flat
 
     def secret_values(self) -> list[str]:
         """The secrets this configuration holds (every ``SecretStr`` setting), for scrubbing."""

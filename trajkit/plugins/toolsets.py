@@ -46,7 +46,20 @@ async def _run(command: str, args: dict[str, Any], ctx: ToolContext) -> str:
     output = result.stdout + (f"\n[stderr]\n{result.stderr}" if result.stderr else "")
     if result.timed_out:
         raise ToolError(f"command timed out after {_timeout(args, ctx):g}s; partial output:\n{output}")
-    return json.dumps({"exit_code": result.exit_code, "output": output}, ensure_ascii=False)
+    return _result_json(result.exit_code, output, ctx.output_cap)
+
+
+def _result_json(exit_code: int, output: str, cap: int) -> str:
+    """The result as JSON of at most ``cap`` bytes: the output is cut (head and tail) to fit, so
+    the model never sees JSON cut in the middle. Escapes make JSON longer than the text, and
+    stdout and stderr are capped each, so the output's own budget shrinks until it fits."""
+    budget = cap
+    while True:
+        text = json.dumps({"exit_code": exit_code, "output": cap_text(output, budget)}, ensure_ascii=False)
+        size = len(text.encode())
+        if size <= cap or budget <= 64:
+            return text
+        budget = max(64, budget * cap // size - 16)  # escapes expand the text about evenly
 
 
 async def terminal(args: dict[str, Any], ctx: ToolContext) -> str:
