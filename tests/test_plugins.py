@@ -204,7 +204,7 @@ def test_lifecycle_hooks_fire_in_order(tmp_path: Path) -> None:
 
 def test_every_hook_spec_is_documented_and_exercised() -> None:
     specs = [name for name in dir(hookspecs) if name.startswith("trajkit_")]
-    assert len(specs) == 13
+    assert len(specs) == 14
     sources = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
     for name in specs:
         assert (getattr(hookspecs, name).__doc__ or "").strip(), f"{name} has no docstring"

@@ -97,6 +97,7 @@ def fields(**overrides: Any) -> dict[str, Any]:
         },
         "toolsets_used": ["code", "file", "terminal"],
         "tools_offered": list(RUN_TOOLS),
+        "tool_schemas_key": "0123456789abcdef",
         "duration_s": 4.321,
         "attempt": 1,
         "backend": "local",

@@ -30,6 +30,7 @@ from trajkit.rundir import (
     lock_holder,
     read_json_object,
     read_statistics,
+    read_tool_schemas,
     spent,
     summed,
     write_checkpoint,
@@ -147,6 +148,7 @@ def finalize(
     for name in ours:
         for leftover in run_dir.glob(f".{name}.*"):
             leftover.unlink(missing_ok=True)
+    offer_tool_schemas(writers, run_dir)
     done = [(item, location) for item, location in paired if location is not None]
     reader = RecordReader(index)
     tally = Tally(run_tools)
@@ -185,6 +187,17 @@ def finalize(
     finally:
         reader.close()
     return tally.as_dict()
+
+
+def offer_tool_schemas(writers: Sequence[OutputWriter], run_dir: Path) -> None:
+    """Hand the run's saved tool schemas (``tools.json``) to the writers that render them (those
+    with a ``use_tool_schemas`` method), so they write what the model saw without loading plugins."""
+    saved = None
+    for writer in writers:
+        use = getattr(writer, "use_tool_schemas", None)
+        if callable(use):
+            saved = read_tool_schemas(run_dir) if saved is None else saved
+            use(saved)
 
 
 def merge_run(

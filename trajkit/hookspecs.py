@@ -4,8 +4,8 @@ Built-in plugins (``trajkit/plugins/``) and third-party ones (entry-point group 
 same hooks. A plugin module implements any subset of them with ``@trajkit.hookimpl``; a hook name
 that is not listed here is an error when the plugin manager is built.
 
-Registration hooks (``trajkit_model_clients`` ... ``trajkit_writers``, ``trajkit_compressors``,
-``trajkit_token_counters``) are called once when the run or command builds its registry. Every
+Registration hooks (``trajkit_model_clients`` ... ``trajkit_writers``, ``trajkit_executors``,
+``trajkit_compressors``, ``trajkit_token_counters``) are called once when the run or command builds its registry. Every
 implementation's result is collected; two plugins registering the same ``name`` within one concern
 is an error that names both sources.
 """
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from trajkit.compress.base import Compressor, TokenCounter
     from trajkit.config import RunConfig
     from trajkit.distributions import Distribution
+    from trajkit.executor import Executor
     from trajkit.filters import Record, TrajectoryFilter
     from trajkit.model import ModelClient
     from trajkit.sandbox import SandboxBackend
@@ -99,6 +100,21 @@ def trajkit_writers() -> Sequence[type[OutputWriter]]:
 
     :return: :class:`trajkit.writers.OutputWriter` subclasses with unique names; ``--writer``
         selects them, the ones marked ``default`` when it is not given.
+    """
+
+
+@hookspec
+def trajkit_executors() -> Sequence[type[Executor]]:
+    """Register executors: where a run's sessions run (this process, worker processes, a cluster).
+
+    Called once, when ``trajkit run`` first needs the registry (before reading the dataset).
+
+    :return: :class:`trajkit.executor.Executor` subclasses, each with a unique ``name`` and its
+        settings as a pydantic model in ``Settings``; ``--executor NAME`` selects one (``local``,
+        this process's event loop, by default) and ``[executor_options.NAME]`` holds its settings.
+        An executor receives the pending work items and hands back records or failures; it never
+        touches the run directory. All implementations' results are collected; two executors of
+        the same name are an error naming both plugins.
     """
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from trajkit.compress.base import Compressor, TokenCounter
     from trajkit.distributions import Distribution
+    from trajkit.executor import Executor
     from trajkit.filters import Record, TrajectoryFilter
     from trajkit.model import ModelClient
     from trajkit.sandbox import SandboxBackend
@@ -42,6 +43,7 @@ DEFAULT_PLUGINS = (
     "trajkit.plugins.distributions",
     "trajkit.plugins.filters",
     "trajkit.plugins.writers",
+    "trajkit.plugins.local_executor",
     "trajkit.plugins.export",
     "trajkit.plugins.report",
     "trajkit.plugins.compressors",
@@ -111,6 +113,10 @@ class PluginHost:
         return self._registry("trajkit_writers", "writer", lambda c: c.name)
 
     @cached_property
+    def executors(self) -> dict[str, type[Executor]]:
+        return self._registry("trajkit_executors", "executor", lambda c: c.name)
+
+    @cached_property
     def compressors(self) -> dict[str, type[Compressor]]:
         return self._registry("trajkit_compressors", "compressor", lambda c: c.name)
 
@@ -137,6 +143,17 @@ class PluginHost:
                 f"sandbox backend {name!r} is not installed: pip install {package} "
                 f"(or ./{package.replace('-', '_')} from the source tree)"
             )
+        failed = [str(e) for e in self.load_errors if e.name == name]
+        raise PluginError("; ".join([message, *failed]))
+
+    def executor(self, name: str) -> type[Executor]:
+        """The executor class called ``name``, or an error naming the installed ones."""
+        if name in self.executors:
+            return self.executors[name]
+        message = f"unknown executor {name!r} (installed: {', '.join(sorted(self.executors)) or 'none'})"
+        package = self.package_hints.get(name)
+        if package:
+            message = f"executor {name!r} is not installed: pip install {package}"
         failed = [str(e) for e in self.load_errors if e.name == name]
         raise PluginError("; ".join([message, *failed]))
 
@@ -237,6 +254,7 @@ _REGISTRATION_HOOKS = (
     "trajkit_distributions",
     "trajkit_filters",
     "trajkit_writers",
+    "trajkit_executors",
     "trajkit_compressors",
     "trajkit_token_counters",
 )

@@ -72,6 +72,9 @@ class TrajectoryRecord(BaseModel):
     api_calls: int
     toolsets_used: list[str]
     tools_offered: list[str]
+    tool_schemas_key: str | None = None
+    """Names the schemas of the offered tools, as the model saw them, in the run's ``tools.json``
+    (None in records of runs made before it, and of served sessions)."""
     tool_stats: dict[str, ToolStatRecord]
     tool_error_counts: dict[str, int]
     invalid_tool_calls: int
@@ -135,6 +138,7 @@ def trajectory_record(
     backend: str,
     image: str | None,
     digest: str | None,
+    tool_schemas_key: str | None = None,
 ) -> TrajectoryRecord:
     """A finished session's record, built and validated through the models."""
     tool_stats, tool_errors = tool_columns(result, list(run_tools))
@@ -150,6 +154,7 @@ def trajectory_record(
         api_calls=result.api_calls,
         toolsets_used=toolsets_used,
         tools_offered=tools_offered,
+        tool_schemas_key=tool_schemas_key,
         tool_stats=tool_stats,
         tool_error_counts=tool_errors,
         invalid_tool_calls=result.invalid_tool_calls,
@@ -186,6 +191,7 @@ def record_json(
     backend: str,
     image: str | None,
     digest: str | None,
+    tool_schemas_key: str | None = None,
 ) -> dict[str, Any]:
     """``trajectory_record(...).to_json_dict()`` for the same arguments, without building the models.
 
@@ -197,9 +203,54 @@ def record_json(
     the record goes through :class:`TrajectoryRecord`, which coerces or rejects it as ever.
     ``tests/test_records.py`` holds the two paths to the same output, keys and order included.
     """
+    conversations, plain = _conversations_json(result.messages)
+    tool_stats = _tool_stats_json(result, run_tools)
+    metadata_json = _plain_copy(metadata)
+    plain = (
+        plain
+        and _plain_scalars(result, duration_s, digest, tool_schemas_key)
+        and metadata_json is not _NOT_PLAIN
+        and all(type(tool) is str for tool in tool_stats)
+        and all(type(tool) is str for tool in tools_offered)
+        and all(type(toolset) is str for toolset in toolsets_used)
+    )
+    usage = result.usage
+    record = {
+        "work_id": work_id,
+        "prompt_id": prompt_id,
+        "prompt_index": prompt_index,
+        "conversations": conversations,
+        "metadata": metadata_json if plain else metadata,
+        "completed": result.completed,
+        "partial": not result.completed,
+        "api_calls": result.api_calls,
+        "toolsets_used": list(toolsets_used),
+        "tools_offered": list(tools_offered),
+        "tool_schemas_key": tool_schemas_key,
+        "tool_stats": tool_stats,
+        "tool_error_counts": {tool: stat["failure"] for tool, stat in tool_stats.items()},
+        "invalid_tool_calls": result.invalid_tool_calls,
+        "usage": {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "cost": usage.cost,
+        },
+        "duration_s": duration_s,
+        "attempt": attempt,
+        "finish_reason": result.finish_reason,
+        "sandbox": {"backend": backend, "image": image, "digest": digest},
+    }
+    if plain:
+        return record
+    return TrajectoryRecord.model_validate(record).to_json_dict()
+
+
+def _conversations_json(messages: list[Message]) -> tuple[list[dict[str, Any]], bool]:
+    """The turns as JSON, and whether every value already had its JSON type."""
     plain = True
     conversations = []
-    for message in result.messages:
+    for message in messages:
         value = message.get("content") or ""
         reasoning = message.get("reasoning")
         tool_call_id = message.get("tool_call_id")
@@ -227,6 +278,11 @@ def record_json(
                 "name": name,
             }
         )
+    return conversations, plain
+
+
+def _tool_stats_json(result: ConversationResult, run_tools: Sequence[str]) -> dict[str, dict[str, int]]:
+    """tool_stats as JSON, zero-filled over every tool of the run."""
     stats = result.tool_stats
     tool_stats = {}
     for tool in run_tools:
@@ -236,51 +292,25 @@ def record_json(
             if stat
             else {"count": 0, "success": 0, "failure": 0}
         )
+    return tool_stats
+
+
+def _plain_scalars(
+    result: ConversationResult, duration_s: float, digest: str | None, tool_schemas_key: str | None
+) -> bool:
+    """Whether the scalars from outside trajkit's own counting already have their JSON types."""
     usage = result.usage
-    prompt_tokens, completion_tokens, cost = usage.prompt_tokens, usage.completion_tokens, usage.cost
-    metadata_json = _plain_copy(metadata)
-    plain = (
-        plain
-        and type(prompt_tokens) is int
-        and type(completion_tokens) is int
+    cost = usage.cost
+    return (
+        type(usage.prompt_tokens) is int
+        and type(usage.completion_tokens) is int
         and (cost is None or (type(cost) is float and math.isfinite(cost)))
         and type(duration_s) is float
         and math.isfinite(duration_s)
         and type(result.finish_reason) in _OPTIONAL_STR
         and type(digest) in _OPTIONAL_STR
-        and metadata_json is not _NOT_PLAIN
-        and all(type(tool) is str for tool in tool_stats)
-        and all(type(tool) is str for tool in tools_offered)
-        and all(type(toolset) is str for toolset in toolsets_used)
+        and type(tool_schemas_key) in _OPTIONAL_STR
     )
-    record = {
-        "work_id": work_id,
-        "prompt_id": prompt_id,
-        "prompt_index": prompt_index,
-        "conversations": conversations,
-        "metadata": metadata_json if plain else metadata,
-        "completed": result.completed,
-        "partial": not result.completed,
-        "api_calls": result.api_calls,
-        "toolsets_used": list(toolsets_used),
-        "tools_offered": list(tools_offered),
-        "tool_stats": tool_stats,
-        "tool_error_counts": {tool: stat["failure"] for tool, stat in tool_stats.items()},
-        "invalid_tool_calls": result.invalid_tool_calls,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "cost": cost,
-        },
-        "duration_s": duration_s,
-        "attempt": attempt,
-        "finish_reason": result.finish_reason,
-        "sandbox": {"backend": backend, "image": image, "digest": digest},
-    }
-    if plain:
-        return record
-    return TrajectoryRecord.model_validate(record).to_json_dict()
 
 
 def _plain_copy(value: Any) -> Any:

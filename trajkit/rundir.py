@@ -3,7 +3,9 @@
 Every command that reads or writes a run goes through here. The ledger (``batch_N.jsonl``) is the
 truth; ``statistics.json``, ``checkpoint.json`` and ``rejected.jsonl`` are derived from it by each
 merge, and ``run.json`` keeps what the ledger cannot (the configuration, each invocation and what
-it spent). A derived file that is damaged or missing is rebuilt with a warning, never a crash.
+it spent). ``tools.json`` keeps the tool schemas offered to the model, once per distinct set, which
+records name by key. A derived file that is damaged or missing is rebuilt with a warning, never a
+crash.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import errno
 import fcntl
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -20,7 +23,7 @@ import re
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,6 +40,9 @@ FAILURES_FILE = "failures.jsonl"
 REJECTED_FILE = "rejected.jsonl"
 KEPT_FILE = "trajectories.jsonl"
 """The sharegpt writer's output: every kept record in dataset order, what readers of a run use."""
+TOOLS_FILE = "tools.json"
+"""The tool schemas offered to the model: schema-set key -> the schemas, as the OpenAI ``tools``
+list has them, sorted by tool name; each record's ``tool_schemas_key`` names its set."""
 LOCK_FILE = "run.lock"
 """Not a dot file: the merge removes dot files (its own temporaries) left by a crash."""
 SPEND_KEYS = ("requests", "prompt_tokens", "completion_tokens", "cost")
@@ -426,3 +432,53 @@ class ManifestKeeper:
     async def stop(self) -> None:
         self.stopping.set()
         await self.task
+
+
+# -- tools.json -----------------------------------------------------------------------------------
+
+ToolSchemas = list[dict[str, Any]]
+"""A set of tool schemas as the OpenAI ``tools`` list has them, sorted by tool name."""
+
+
+def tool_schemas_key(schemas: Sequence[Mapping[str, Any]]) -> str:
+    """The key of a set of tool schemas in ``tools.json``: a hash of exactly what they say."""
+    canonical = json.dumps(schemas, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def read_tool_schemas(run_dir: Path) -> dict[str, ToolSchemas]:
+    """``tools.json``: every schema set offered in the run, by key; empty for a run made before
+    the file existed (or with a warning when it is damaged: readers then use the installed tools)."""
+    data = read_json_object(
+        run_dir / TOOLS_FILE, {}, "the tools' schemas are taken from the installed plugins instead"
+    )
+    if data is None:
+        return {}
+    sets = {key: value for key, value in data.items() if _is_schema_list(value)}
+    if len(sets) != len(data):
+        log.warning("%s: entries that are not lists of tool schemas are ignored", run_dir / TOOLS_FILE)
+    return sets
+
+
+def _is_schema_list(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(s, dict) and isinstance(s.get("function"), dict) and "name" in s["function"] for s in value
+    )
+
+
+class ToolCatalog:
+    """``tools.json`` as the invocation holding the lock keeps it: each new schema set is added and
+    the file written whole (sets are few: one per combination of toolsets)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / TOOLS_FILE
+        self.sets = read_tool_schemas(run_dir)
+
+    def add(self, sets: Mapping[str, ToolSchemas]) -> None:
+        """Keep the sets not known yet; a :class:`RunIOError` if the file cannot be written."""
+        new = {key: list(schemas) for key, schemas in sets.items() if key not in self.sets}
+        if new:
+            merged = {**self.sets, **new}
+            # keys in the order the model was sent them: the writers render the schemas as text
+            write_atomic(self.path, json.dumps(merged, indent=2, ensure_ascii=False) + "\n")
+            self.sets = merged  # only once written: a failed write is tried again with the next record

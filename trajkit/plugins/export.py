@@ -2,7 +2,8 @@
 
 A run only writes the formats named with ``--writer``; deciding on another format later should not
 mean running (and paying for) the run again. ``trajectories.jsonl`` holds every kept record in
-dataset order, so any writer can be fed from it. The output appears atomically: it is written to
+dataset order, so any writer can be fed from it, and ``tools.json`` the tool schemas the model saw
+(runs made before it take the installed plugins' schemas). The output appears atomically: it is written to
 a temporary file beside the target and renamed into place, so a crash or a bad record never leaves
 a half-written file where a trainer could pick it up.
 """
@@ -17,6 +18,7 @@ from typing import Any
 import click
 
 from trajkit import hookimpl
+from trajkit.finalize import offer_tool_schemas
 from trajkit.manager import PluginError, PluginHost
 from trajkit.rundir import KEPT_FILE, RunIOError, atomic_replace
 from trajkit.writers import OutputWriter
@@ -52,6 +54,7 @@ def export(ctx: click.Context, run_dir: Path, format_name: str, out: Path | None
         writer = writers[format_name]()
     except PluginError as exc:
         raise click.ClickException(str(exc)) from None
+    offer_tool_schemas([writer], run_dir)
     target = out if out is not None else run_dir / writer.filename
     try:
         rows = export_records(writer, read_records(source), target)

@@ -21,6 +21,7 @@ from trajkit import hookimpl
 from trajkit.filters import Record
 from trajkit.jsonutil import dumps_line
 from trajkit.manager import PluginError, load_plugins
+from trajkit.settings import StrictSettings
 from trajkit.writers import OutputWriter
 
 log = logging.getLogger("trajkit")
@@ -78,22 +79,38 @@ def scalar_fields(record: Record) -> dict[str, Any]:
 class ToolSchemaWriter(OutputWriter):
     """A writer whose rows carry the schemas of the tools offered to each prompt.
 
-    Records name the offered tools but not their schemas (the same few schemas would otherwise be
-    repeated in every record), so the schemas come from the installed toolset plugins, loaded on
-    first use. A tool that is no longer installed is written with an empty parameter schema and
-    a warning, rather than failing the whole export.
+    Records name the offered tools and the key of their schemas (``tool_schemas_key``); the run
+    saves each distinct set of schemas once, in ``tools.json``, and the merge and ``trajkit export``
+    hand those to the writer (:meth:`use_tool_schemas`), so the rows say exactly what the model
+    saw, whatever plugins are installed now. Records without a saved set (runs made before
+    ``tools.json``, served sessions) take the schemas of the installed toolset plugins, loaded on
+    first use; a tool that is not installed is written with an empty parameter schema and a
+    warning, rather than failing the whole export.
     """
 
-    def __init__(self, tool_schemas: Mapping[str, ToolSchema] | None = None) -> None:
-        self._schemas = dict(tool_schemas) if tool_schemas is not None else None
+    def __init__(self, settings: StrictSettings | Mapping[str, Any] | None = None) -> None:
+        super().__init__(settings)
+        self._saved: dict[str, dict[str, ToolSchema]] = {}
+        self._installed: dict[str, ToolSchema] | None = None
         self._warned: set[str] = set()
 
-    def schemas_for(self, names: Sequence[str]) -> list[ToolSchema]:
-        if self._schemas is None:
-            self._schemas = installed_tool_schemas()
+    def use_tool_schemas(self, saved: Mapping[str, Sequence[ToolSchema]]) -> None:
+        """The run's saved schema sets (``tools.json``): key -> the schemas of one offer."""
+        self._saved = {
+            key: {schema["function"]["name"]: schema for schema in schemas} for key, schemas in saved.items()
+        }
+
+    def schemas_for(self, record: Record) -> list[ToolSchema]:
+        """The schemas of the tools offered to the record's prompt, in ``tools_offered`` order."""
+        names: Sequence[str] = record["tools_offered"]
+        saved = self._saved.get(record.get("tool_schemas_key") or "")
+        if saved is not None and all(name in saved for name in names):
+            return [saved[name] for name in names]
+        if self._installed is None:
+            self._installed = installed_tool_schemas()
         schemas = []
         for name in names:
-            schema = self._schemas.get(name)
+            schema = self._installed.get(name)
             if schema is None:
                 if name not in self._warned:
                     log.warning(
@@ -145,7 +162,7 @@ class HermesWriter(ToolSchemaWriter):
         return write_jsonl((self.row(record) for record in records), path)
 
     def row(self, record: Record) -> dict[str, Any]:
-        tools = self.schemas_for(record["tools_offered"])
+        tools = self.schemas_for(record)
         return {"conversations": hermes_turns(record["conversations"], tools), **scalar_fields(record)}
 
 
@@ -250,7 +267,7 @@ class OpenAIWriter(ToolSchemaWriter):
     def row(self, record: Record) -> dict[str, Any]:
         return {
             "messages": [openai_message(turn) for turn in record["conversations"]],
-            "tools": json.dumps(self.schemas_for(record["tools_offered"]), ensure_ascii=False),
+            "tools": json.dumps(self.schemas_for(record), ensure_ascii=False),
             **scalar_fields(record),
         }
 
@@ -292,7 +309,8 @@ class ParquetWriter(OutputWriter):
     bytes_per_group: ClassVar[int] = 64 << 20
     """Text held before a row group is flushed (an estimate from the turns' text)."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: StrictSettings | Mapping[str, Any] | None = None) -> None:
+        super().__init__(settings)
         _pyarrow()  # fail when the run starts, not after every prompt has been paid for
 
     def write(self, records: Iterable[Record], path: Path) -> int:
@@ -356,6 +374,7 @@ def parquet_schema(pa: Any) -> Any:
             ("api_calls", pa.int64()),
             ("toolsets_used", pa.list_(pa.string())),
             ("tools_offered", pa.list_(pa.string())),
+            ("tool_schemas_key", pa.string()),
             ("tool_stats", pa.list_(pa.struct([("tool", pa.string()), *counts]))),
             ("tool_error_counts", pa.list_(pa.struct([("tool", pa.string()), ("count", pa.int64())]))),
             ("invalid_tool_calls", pa.int64()),

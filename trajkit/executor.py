@@ -1,0 +1,157 @@
+"""Executors: where a run's sessions run. The contract between the runner and an executor plugin.
+
+The runner plans the work (:mod:`trajkit.plan`), hands it to the executor chosen with
+``--executor``, and records what comes back (:mod:`trajkit.recording`). Everything that crosses
+between the two is plain, picklable data, so an executor may run sessions in other processes or on
+other machines: :class:`SessionPlan` (how to build the session function anywhere), a
+:class:`WorkOrder` per pending work item, and a :class:`Finished` or :class:`Failed` outcome per
+attempt.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from trajkit.settings import StrictSettings
+
+if TYPE_CHECKING:
+    from trajkit.config import RunConfig
+    from trajkit.dataset import WorkItem
+    from trajkit.distributions import Distribution
+    from trajkit.manager import PluginHost
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """Everything besides the installed plugins that running this run's sessions takes.
+
+    With :func:`trajkit.manager.load_plugins` on the node that runs them, this is enough to build
+    the session function there (:class:`trajkit.execute.Sessions`): the model client from the
+    configuration, the backends, the tools of the distribution's toolsets.
+    """
+
+    config: RunConfig
+    run_id: str
+    """Labels the run's sandboxes, so a backend can reap what this invocation left behind."""
+    distribution: Distribution
+    run_tools: tuple[str, ...]
+    """Every tool of the distribution, sorted: the columns of every record's ``tool_stats``."""
+    backends: tuple[str, ...]
+    """The sandbox backends the pending work routes to."""
+    images: tuple[tuple[str, str], ...]
+    """(backend, image) pairs of the pending work, to verify before any model call is spent."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkOrder:
+    """One pending work item and the backend its row is routed to."""
+
+    item: WorkItem
+    backend: str
+
+    @property
+    def work_id(self) -> str:
+        return self.item.work_id
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A session that produced a record (not yet scrubbed of secrets, not yet in the ledger)."""
+
+    work_id: str
+    record: dict[str, Any]
+    tool_schemas: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Tool schema sets (key -> schemas, see :func:`trajkit.rundir.tool_schemas_key`) that the
+    record's ``tool_schemas_key`` names and that were not handed back before by this executor;
+    sending a set more than once is allowed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """One failed attempt of a work item."""
+
+    work_id: str
+    attempt: int
+    error_class: str
+    message: str
+    final: bool
+    """No further attempt of this work item is made in this invocation."""
+    stops_run: bool = False
+    """The failure would fail every session (refused credentials...): no new session may start."""
+
+
+Outcome = Finished | Failed
+
+
+class Driver(Protocol):
+    """What the runner offers an executor, called on the runner's event loop."""
+
+    def may_start(self) -> bool:
+        """Whether a new work item may start; once False (``--max_cost`` reached, a disk error, a
+        failure that stops the run), it stays False: start no more, finish those in flight."""
+
+    def started(self, work_id: str, attempt: int) -> None:
+        """An attempt of a work item has started (for the progress display)."""
+
+    def report(self, outcome: Outcome) -> None:
+        """An attempt has ended: the runner records it (ledger, ``failures.jsonl``, counters)."""
+
+
+class Executor(ABC):
+    """Runs the run's sessions somewhere and hands back what each attempt produced.
+
+    The runner calls, in this order and on its event loop:
+
+    1. :meth:`start` with the :class:`SessionPlan`: build what runs the sessions (where they run:
+       this process, worker processes, other machines); check the model client (``check()``),
+       start the backends the plan names, verify its images. An error here stops the run before
+       any session starts.
+    2. :meth:`execute` with the pending :class:`WorkOrder` s and a :class:`Driver`. Before starting
+       a work item, ask ``driver.may_start()``; report each attempt's start with
+       ``driver.started`` and its end with ``driver.report`` (a :class:`Finished` record or a
+       :class:`Failed` attempt). Retrying a work item within the invocation (up to
+       ``config.max_attempts``, with ``config.retry_backoff``) is the executor's, and each failed
+       attempt is reported. Return once every work order has ended or may not start. The task
+       running :meth:`execute` is cancelled when the run is interrupted (SIGINT/SIGTERM): stop
+       the sessions in flight, closing their sandboxes, and return or raise ``CancelledError``.
+    3. :meth:`statistics` and :meth:`spent` at any time: what the model answers received so far
+       have cost, summed over everywhere sessions run (``--max_cost`` holds to it, ``run.json``
+       keeps it).
+    4. :meth:`aclose`, always, even when :meth:`start` failed: release everything, reap sandboxes.
+
+    An executor never touches the run directory: the runner is the ledger's only writer, and it
+    scrubs secrets from records and failures. Work orders, plans and outcomes are plain data
+    that pickle, so an executor may ship them anywhere; the session function is built where it
+    runs, from the plan and the plugins installed there (:class:`trajkit.execute.Sessions`).
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    Settings: ClassVar[type[StrictSettings]] = StrictSettings
+    """The executor's settings (``--executor_option NAME.KEY=VALUE``, ``--NAME.KEY``, the
+    configuration file's ``[executor_options.NAME]``); none by default."""
+
+    def __init__(self, settings: StrictSettings | Mapping[str, Any] | None = None) -> None:
+        self.settings = self.Settings.model_validate(settings if settings is not None else {})
+
+    @abstractmethod
+    async def start(self, plan: SessionPlan, host: PluginHost) -> None:
+        """Build where sessions run; ``host`` is this process's plugins (a remote node loads its own)."""
+
+    @abstractmethod
+    async def execute(self, work: Sequence[WorkOrder], driver: Driver) -> None:
+        """Run every work order, reporting each attempt through ``driver``."""
+
+    def statistics(self) -> dict[str, Any]:
+        """The model client counters so far (``ModelClient.statistics``), summed; empty by default."""
+        return {}
+
+    def spent(self) -> float:
+        """What the model answers received so far have cost (``ModelClient.spent``), summed."""
+        return 0.0
+
+    async def aclose(self) -> None:
+        """Release what :meth:`start` built; called once, after :meth:`execute` or a failed start."""

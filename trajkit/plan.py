@@ -1,0 +1,153 @@
+"""Planning a run: the configuration's plugins, the dataset's rows, each row's backend, the work.
+
+Nothing here starts a session or writes the run directory: the plan is what the runner hands to
+the executor (:mod:`trajkit.executor`) and to the merge (:mod:`trajkit.finalize`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from trajkit.config import RunConfig
+from trajkit.dataset import RowError, WorkItem, check_dataset_file, read_dataset
+from trajkit.distributions import Distribution
+from trajkit.executor import Executor, WorkOrder
+from trajkit.filters import TrajectoryFilter
+from trajkit.ledger import LedgerIndex, Location, assign
+from trajkit.manager import PluginError, PluginHost
+from trajkit.writers import OutputWriter
+
+log = logging.getLogger("trajkit")
+
+
+class RunError(RuntimeError):
+    """The run cannot start as configured; the message says what to change."""
+
+
+# -- the configuration's plugins ---------------------------------------------------------------------
+
+
+def distribution(config: RunConfig, host: PluginHost) -> Distribution:
+    """The run's toolset distribution: a plugin's, or one defined in the configuration file."""
+    distributions = dict(host.distributions)
+    for name, probabilities in config.distributions.items():
+        if name in distributions:
+            raise RunError(f"distribution {name!r} of the configuration file is also registered by a plugin")
+        try:
+            distributions[name] = Distribution(name, "from the configuration file", probabilities)
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
+    if config.distribution not in distributions:
+        raise RunError(
+            f"unknown distribution {config.distribution!r}; available: {', '.join(sorted(distributions))}"
+            " (see --list_distributions)"
+        )
+    chosen = distributions[config.distribution]
+    missing = sorted(set(chosen.probabilities) - set(host.toolsets))
+    if missing:
+        raise RunError(f"distribution {chosen.name!r} names toolsets no plugin provides: {missing}")
+    return chosen
+
+
+def run_tools(chosen: Distribution, host: PluginHost) -> list[str]:
+    """Every tool the distribution may offer, sorted: the columns of the records' tool statistics."""
+    return sorted(t.name for ts in chosen.probabilities for t in host.toolsets[ts].tools)
+
+
+def filters(config: RunConfig, host: PluginHost) -> list[TrajectoryFilter]:
+    registered = host.filters
+    named = set(config.filters + config.disabled_filters) | set(config.filter_options)
+    unknown = sorted(named - set(registered))
+    if unknown:
+        raise RunError(f"unknown filter(s) {unknown}; available: {', '.join(sorted(registered))}")
+    return [
+        cls(config.filter_options.get(name))
+        for name, cls in sorted(registered.items())
+        if (cls.enabled_by_default or name in config.filters) and name not in config.disabled_filters
+    ]
+
+
+def writers(config: RunConfig, host: PluginHost) -> list[OutputWriter]:
+    registered = host.writers
+    names = config.writers or sorted(name for name, cls in registered.items() if cls.default)
+    unknown = sorted(set(names) - set(registered))
+    if unknown or not names:
+        raise RunError(f"unknown writer(s) {unknown}; available: {', '.join(sorted(registered))}")
+    return [registered[name](config.writer_options.get(name)) for name in dict.fromkeys(names)]
+
+
+def executor(config: RunConfig, host: PluginHost) -> Executor:
+    """The executor named by ``--executor``; an unknown name is an error naming the installed ones."""
+    return host.executor(config.executor)(config.executor_options.get(config.executor))
+
+
+# -- the dataset and its routes ----------------------------------------------------------------------
+
+
+@dataclass
+class Work:
+    """The valid rows of the dataset, the backend each runs on, and the rows that cannot run."""
+
+    items: list[WorkItem]
+    routes: dict[int, str]
+    """Row index -> backend name."""
+    row_errors: list[RowError]
+
+    def pending(self, index: LedgerIndex) -> tuple[list[tuple[WorkItem, Location | None]], list[WorkOrder]]:
+        """Each row with its record in the ledger (or None), and a work order per row without one."""
+        paired = assign(self.items, index)
+        return paired, [WorkOrder(item, self.routes[item.index]) for item, found in paired if found is None]
+
+
+def read_work(config: RunConfig, host: PluginHost) -> Work:
+    """The dataset's rows (up to ``--max_samples``) routed to backends; invalid rows logged."""
+    path = check_dataset_file(config.dataset_file)
+    if config.max_samples == 0:
+        raise RunError("--max_samples 0 selects no rows")
+    items, row_errors = read_dataset(path)
+    items = items[: config.max_samples]
+    routes, route_errors = route(items, config, host)
+    row_errors += route_errors
+    items = [item for item in items if item.index in routes]
+    for error in row_errors:
+        log.error("%s", error)
+    if not items:
+        raise RunError(f"no valid rows in {path}" if row_errors else f"{path} holds only blank lines")
+    return Work(items, routes, row_errors)
+
+
+def route(
+    items: list[WorkItem], config: RunConfig, host: PluginHost
+) -> tuple[dict[int, str], list[RowError]]:
+    """Which backend each row runs on; rows naming a backend that cannot be had are errors."""
+    routes: dict[int, str] = {}
+    errors: list[RowError] = []
+    path = config.dataset_file
+    assert path is not None
+    for item in items:
+        try:
+            name = item.row.backend or default_backend(item.row.image, config, host)
+            backend_class = host.backend(name)
+        except PluginError as exc:
+            errors.append(RowError(path, item.line, str(exc)))
+            continue
+        if item.row.image and not backend_class.image_based:
+            errors.append(
+                RowError(path, item.line, f"backend {name!r} cannot run images ({item.row.image!r})")
+            )
+            continue
+        routes[item.index] = name
+    return routes, errors
+
+
+def default_backend(image: str | None, config: RunConfig, host: PluginHost) -> str:
+    for rule in config.routes:
+        if rule.matches(image):
+            return rule.backend
+    if not image:
+        return config.sandbox
+    for name, backend_class in sorted(host.backends.items()):
+        if backend_class.image_based and backend_class.owns_image(image):
+            return name
+    return config.image_backend or host.image_backend()
