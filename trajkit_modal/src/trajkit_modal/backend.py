@@ -60,7 +60,7 @@ class ModalBackend(SandboxBackend):
 
     name = "modal"
     image_based = True
-    description = "Modal cloud sandboxes (app, cpu, memory, block_network, registry_secret, create_rate)"
+    description = "one Modal sandbox per prompt, creation rate-limited, no network by default"
 
     Settings = ModalSettings
     settings: ModalSettings
