@@ -1,0 +1,41 @@
+"""The README's commands and configuration file stay valid as the settings move into plugins."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from trajkit.cli import run_params
+from trajkit.configure import resolve
+from trajkit.manager import load_plugins
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def section(title: str) -> str:
+    start = README.index(f"\n## {title}\n")
+    return README[start : README.index("\n## ", start + 1)]
+
+
+def test_the_readme_configuration_file_is_valid() -> None:
+    block = re.search(r"```toml\n(dataset_file = .*?)```", section("Command line"), re.S)
+    assert block is not None
+    data = tomllib.loads(block.group(1))
+    config = resolve(load_plugins(), data)
+    assert config.num_workers == 256 and config.distribution == "mostly_files"
+    assert config.settings_of(load_plugins().model_clients["openai"]).max_rpm == 600
+    assert config.sandbox_options["docker"].network == "host"
+    assert config.filter_options["min_tool_calls"].minimum == 3
+
+
+def test_every_flag_the_readme_names_for_run_is_accepted() -> None:
+    text = section("Command line")
+    table = text[text.index("| flag |") : text.index("A configuration file")]
+    flags = set(re.findall(r"`(--[a-z][\w.-]*)", table))
+    assert len(flags) > 40
+    params = run_params(load_plugins())
+    accepted = {opt for param in params for opt in param.opts} | {"--help"}
+    pairs = {"--sandbox_option", "--filter_option", "--writer_option", "--executor_option"}
+    assert flags - accepted == set()
+    assert pairs <= accepted
