@@ -22,7 +22,7 @@ from tests.helpers import read_jsonl, trajkit, write_jsonl
 from trajkit import hookimpl
 from trajkit.config import RunConfig
 from trajkit.execute import Sessions
-from trajkit.executor import Driver, Executor, Failed, SessionPlan, WorkOrder
+from trajkit.executor import Driver, Executor, Failed, Finished, SessionPlan, WorkOrder
 from trajkit.finalize import offer_tool_schemas
 from trajkit.manager import PluginError, PluginHost, load_plugins
 from trajkit.plugins.export import export_records, read_records
@@ -99,7 +99,8 @@ def test_the_cli_takes_the_executor_flag(tmp_path: Path) -> None:
 class RemoteLike(Executor):
     """Runs each session as a remote node would: from pickled work, with plugins it loads itself.
 
-    Prompts containing "fail" are not run: a failure is reported for them, twice (a retry).
+    Prompts containing "fail" are not run: a failure is reported for them, twice (a retry). The
+    first prompt's record is reported twice, and once more for a work id that is not pending.
     """
 
     name = "remote_like"
@@ -129,6 +130,12 @@ class RemoteLike(Executor):
                     driver.report(
                         Failed(order.work_id, attempt, "node_lost", "the node went away", attempt == 2)
                     )
+                continue
+            if order.item.index == 0:  # run twice, as after a resubmission; and reported for no work
+                driver.started(order.work_id, 1)
+                finished = await self.sessions.attempt(order, 1)
+                for outcome in (finished, finished, Finished("f00.0", finished.record)):
+                    driver.report(outcome)
                 continue
             await self.sessions.run(order, driver)
 
@@ -173,7 +180,7 @@ def test_a_plugin_executor_gets_the_work_and_the_runner_records_what_it_returns(
 
     run_dir = tmp_path / "remote"
     ledger = read_jsonl(run_dir / "batch_0.jsonl")
-    assert sorted(r["prompt_index"] for r in ledger) == list(range(len(PROMPTS) - 1))
+    assert sorted(r["prompt_index"] for r in ledger) == list(range(len(PROMPTS) - 1))  # each once
     failures = read_jsonl(run_dir / "failures.jsonl")
     assert [(f["prompt_index"], f["attempt"], f["error_class"]) for f in failures] == [
         (6, 1, "node_lost"),

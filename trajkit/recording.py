@@ -69,6 +69,9 @@ class RunRecorder:
         self.stop_reason: str | None = None
         self.io_error: RunIOError | None = None
         self.items: dict[str, WorkItem] = {}
+        """This invocation's pending work, by work id."""
+        self.done: set[str] = set()
+        """Work ids whose record this invocation has appended."""
         self.ledger: LedgerWriter
         self.failures: AppendLog
         self.tools: ToolCatalog
@@ -99,7 +102,13 @@ class RunRecorder:
 
     def report(self, outcome: Outcome) -> None:
         self.counters.in_flight -= 1
+        if outcome.work_id not in self.items or outcome.work_id in self.done:
+            # an executor that ran a work item twice (resubmitted after a node was lost, say):
+            # the first record stands, so no work id is ever in the ledger twice
+            log.warning("%s: an outcome for work that is not pending, ignored", outcome.work_id)
+            return
         if isinstance(outcome, Finished):
+            self.done.add(outcome.work_id)
             self._record(outcome)
         else:
             self._record_failure(outcome)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from trajkit.agent import ConversationResult
-from trajkit.model import Message
+from trajkit.model import Message, Usage
 
 ROLE_NAMES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
 
@@ -206,15 +206,12 @@ def record_json(
     conversations, plain = _conversations_json(result.messages)
     tool_stats = _tool_stats_json(result, run_tools)
     metadata_json = _plain_copy(metadata)
+    names = [*tool_stats, *tools_offered, *toolsets_used]
     plain = (
         plain
-        and _plain_scalars(result, duration_s, digest, tool_schemas_key)
         and metadata_json is not _NOT_PLAIN
-        and all(type(tool) is str for tool in tool_stats)
-        and all(type(tool) is str for tool in tools_offered)
-        and all(type(toolset) is str for toolset in toolsets_used)
+        and _plain_scalars(result, duration_s, digest, tool_schemas_key, names)
     )
-    usage = result.usage
     record = {
         "work_id": work_id,
         "prompt_id": prompt_id,
@@ -230,12 +227,7 @@ def record_json(
         "tool_stats": tool_stats,
         "tool_error_counts": {tool: stat["failure"] for tool, stat in tool_stats.items()},
         "invalid_tool_calls": result.invalid_tool_calls,
-        "usage": {
-            "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-            "cost": usage.cost,
-        },
+        "usage": _usage_json(result.usage),
         "duration_s": duration_s,
         "attempt": attempt,
         "finish_reason": result.finish_reason,
@@ -295,10 +287,24 @@ def _tool_stats_json(result: ConversationResult, run_tools: Sequence[str]) -> di
     return tool_stats
 
 
+def _usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "cost": usage.cost,
+    }
+
+
 def _plain_scalars(
-    result: ConversationResult, duration_s: float, digest: str | None, tool_schemas_key: str | None
+    result: ConversationResult,
+    duration_s: float,
+    digest: str | None,
+    tool_schemas_key: str | None,
+    names: list[Any],
 ) -> bool:
-    """Whether the scalars from outside trajkit's own counting already have their JSON types."""
+    """Whether the values from outside trajkit's own counting already have their JSON types
+    (``names``: the tools and toolsets, which must be strings)."""
     usage = result.usage
     cost = usage.cost
     return (
@@ -310,6 +316,7 @@ def _plain_scalars(
         and type(result.finish_reason) in _OPTIONAL_STR
         and type(digest) in _OPTIONAL_STR
         and type(tool_schemas_key) in _OPTIONAL_STR
+        and all(type(name) is str for name in names)
     )
 
 
