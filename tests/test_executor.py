@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
-from trajkit import hookimpl
+from trajkit import hookimpl, rundir
 from trajkit.config import RunConfig
 from trajkit.execute import Sessions
 from trajkit.executor import Driver, Executor, Failed, Finished, SessionPlan, WorkOrder
@@ -28,7 +28,7 @@ from trajkit.manager import PluginError, PluginHost, load_plugins
 from trajkit.plugins.export import export_records, read_records
 from trajkit.plugins.local_executor import LocalExecutor
 from trajkit.plugins.writers import OpenAIWriter
-from trajkit.rundir import TOOLS_FILE, read_tool_schemas, tool_schemas_key
+from trajkit.rundir import TOOLS_FILE, RunIOError, ToolCatalog, read_tool_schemas, tool_schemas_key
 from trajkit.runner import EXIT_INCOMPLETE, EXIT_OK, Runner
 from trajkit.settings import StrictSettings
 from trajkit.tools import Tool, ToolContext, Toolset
@@ -285,3 +285,24 @@ def test_exports_render_the_saved_schemas_without_the_plugin_that_made_them(
     for row in read_jsonl(tmp_path / "old.jsonl"):
         (jot,) = [s for s in json.loads(row["tools"]) if s["function"]["name"] == "jot"]
         assert jot["function"]["parameters"] == {"type": "object", "properties": {}}
+
+
+def test_tool_schemas_the_disk_refused_are_written_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    catalog = ToolCatalog(tmp_path)
+
+    def refuse(path: Path, text: str) -> None:
+        raise RunIOError(path, OSError(28, "No space left on device"))
+
+    monkeypatch.setattr(rundir, "write_atomic", refuse)
+    with pytest.raises(RunIOError, match=r"tools\.json: No space left"):
+        catalog.add({"k1": [JOT.schema()]})
+    monkeypatch.undo()
+    catalog.flush()
+    assert read_tool_schemas(tmp_path) == {"k1": [JOT.schema()]}
+
+    (tmp_path / TOOLS_FILE).write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="trajkit"):
+        assert read_tool_schemas(tmp_path) == {}
+    assert "installed plugins instead" in caplog.text

@@ -23,7 +23,7 @@ from trajkit.hookspecs import RunInfo
 from trajkit.ledger import AppendLog, LedgerWriter, write_held
 from trajkit.manager import PluginHost
 from trajkit.progress import Counters, Reporter
-from trajkit.rundir import FAILURES_FILE, Manifest, RunIOError, ToolCatalog
+from trajkit.rundir import FAILURES_FILE, TOOLS_FILE, Manifest, RunIOError, ToolCatalog
 from trajkit.secrets import Scrubber
 
 log = logging.getLogger("trajkit")
@@ -102,6 +102,8 @@ class RunRecorder:
 
     def report(self, outcome: Outcome) -> None:
         self.counters.in_flight -= 1
+        if isinstance(outcome, Finished) and outcome.tool_schemas:
+            self._keep_tool_schemas(outcome)  # even from an outcome ignored below: later ones may need them
         if outcome.work_id not in self.items or outcome.work_id in self.done:
             # an executor that ran a work item twice (resubmitted after a node was lost, say):
             # the first record stands, so no work id is ever in the ledger twice
@@ -123,12 +125,13 @@ class RunRecorder:
 
     # -- records and failures ----------------------------------------------------------------------
 
+    def _keep_tool_schemas(self, finished: Finished) -> None:
+        try:
+            self.tools.add(finished.tool_schemas)
+        except RunIOError as exc:
+            self.disk_error(exc.path, exc.cause if isinstance(exc.cause, OSError) else None)
+
     def _record(self, finished: Finished) -> None:
-        if finished.tool_schemas:
-            try:
-                self.tools.add(finished.tool_schemas)
-            except RunIOError as exc:
-                self.disk_error(exc.path, exc.cause if isinstance(exc.cause, OSError) else None)
         record = self.scrubber.scrub(finished.record)
         record["metadata"]["batch_num"] = self.ledger.next_batch_num()
         if not self.ledger.append(record):  # kept in memory, written again: see write_held
@@ -184,6 +187,10 @@ class RunRecorder:
         """Write what the disk refused so far (for a while), then close the ledger and the log."""
         if self.io_error is not None:
             await write_held([self.ledger, self.failures], self.io_error, HELD_RECORDS_WAIT)
+            try:
+                self.tools.flush()
+            except RunIOError as exc:
+                log.error("%s: the tool schemas of some records are not saved (%s)", TOOLS_FILE, exc)
         for log_ in (self.ledger, self.failures):
             try:
                 log_.close()

@@ -473,12 +473,20 @@ class ToolCatalog:
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / TOOLS_FILE
         self.sets = read_tool_schemas(run_dir)
+        self.unsaved: dict[str, ToolSchemas] = {}
+        """Sets the disk refused so far, written with the next set or by :meth:`flush`."""
 
     def add(self, sets: Mapping[str, ToolSchemas]) -> None:
         """Keep the sets not known yet; a :class:`RunIOError` if the file cannot be written."""
         new = {key: list(schemas) for key, schemas in sets.items() if key not in self.sets}
         if new:
-            merged = {**self.sets, **new}
-            # keys in the order the model was sent them: the writers render the schemas as text
-            write_atomic(self.path, json.dumps(merged, indent=2, ensure_ascii=False) + "\n")
-            self.sets = merged  # only once written: a failed write is tried again with the next record
+            self.unsaved.update(new)
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.unsaved:
+            return
+        merged = {**self.sets, **self.unsaved}
+        # keys in the order the model was sent them: the writers render the schemas as text
+        write_atomic(self.path, json.dumps(merged, indent=2, ensure_ascii=False) + "\n")
+        self.sets, self.unsaved = merged, {}
