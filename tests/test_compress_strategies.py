@@ -12,10 +12,10 @@ from trajkit import hookimpl
 from trajkit.compress.base import CompressionContext, SummaryResult
 from trajkit.compress.counters import EstimateCounter
 from trajkit.compress.mask import MaskObservations, MaskSettings
-from trajkit.settings import OptionError, build_settings, parse_pairs
 from trajkit.compress.summary import Pipeline, PipelineSettings, Summary, SummarySettings
 from trajkit.compress.turns import SUMMARY_PREFIX, TOOL_RESPONSE_BLOCK, problems, units
 from trajkit.manager import PluginError, load_plugins
+from trajkit.settings import OptionError, build_settings, parse_pairs
 from trajkit.testing.trajectories import reference_record, trajkit_record
 
 

@@ -299,9 +299,9 @@ def settings(ctx: click.Context, as_json: bool, markdown: bool) -> None:
 
 
 def describe_field_type(field: Any) -> str:
-    from trajkit.settings import type_name
+    from trajkit.settings import field_type
 
-    return type_name(field.annotation)
+    return field_type(field)
 
 
 @cli.command()

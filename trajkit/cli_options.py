@@ -23,6 +23,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 from trajkit.configure import CONCERNS, Concern, plugin_classes
+from trajkit.settings import Metavar
 
 if TYPE_CHECKING:
     from trajkit.manager import PluginHost
@@ -127,7 +128,8 @@ def field_option(
     ):
         # Text, converted by the model: its validators (sizes such as 512m, "none") and its
         # error messages, which name the plugin and what it expects, apply to flags too.
-        kwargs.update(type=str, metavar=_METAVARS.get(annotation, "TEXT"))
+        named = [item for item in field.metadata if isinstance(item, Metavar)]
+        kwargs.update(type=str, metavar=named[0] if named else _METAVARS.get(annotation, "TEXT"))
     else:
         return None  # a table or a nested model: configuration file (or NAME.KEY=VALUE) only
     help_text = (field.description or "").replace("\n", " ")
@@ -287,7 +289,7 @@ def every_setting(host: PluginHost) -> Iterable[tuple[str, str, str, FieldInfo]]
 
 def settings_page(host: PluginHost) -> str:
     """Every setting as a Markdown reference page, one table per group."""
-    from trajkit.settings import type_name
+    from trajkit.settings import field_type
 
     lines = [
         "# Settings",
@@ -302,11 +304,13 @@ def settings_page(host: PluginHost) -> str:
             group = title
             lines += ["", f"## {title}", "", "| key | flag | type | default | |", "|---|---|---|---|---|"]
         default = "" if field.default_factory is not None else json.dumps(field.default, default=str)
-        description = " ".join((field.description or "").split()).replace("|", "\\|")
+        description = " ".join((field.description or "").split())
         cells = [
             f"`{key}`",
             f"`{flag.split(' / ')[0]}`" if flag else "file only",
-            type_name(field.annotation),
+            field_type(field),
+            f"`{default}`" if default else "",
+            description,
         ]
-        lines.append("| " + " | ".join([*cells, f"`{default}`" if default else "", description]) + " |")
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(lines) + "\n"

@@ -35,7 +35,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import BeforeValidator
 
-from trajkit.settings import StrictSettings
+from trajkit.settings import Metavar, StrictSettings
 
 DEFAULT_CWD = "/work"
 """Where a prompt's commands run when its row names no ``cwd``."""
@@ -311,9 +311,9 @@ def lowered(value: object) -> object:
     return value.strip().lower() if isinstance(value, str) else value
 
 
-ByteSize = Annotated[int, BeforeValidator(size_in_bytes)]
+ByteSize = Annotated[int, BeforeValidator(size_in_bytes), Metavar("SIZE")]
 """A number of bytes that a setting may also give as ``512m`` or ``4G``; bound it with ``Field(gt=0)``."""
-ByteLimit = Annotated[int | None, BeforeValidator(size_or_none)]
+ByteLimit = Annotated[int | None, BeforeValidator(size_or_none), Metavar("SIZE|none")]
 """A limit in bytes (``512m``, ``4G``...) that ``none`` lifts; bound it with ``Field(gt=0)``."""
-CountLimit = Annotated[int | None, BeforeValidator(none_lifts)]
+CountLimit = Annotated[int | None, BeforeValidator(none_lifts), Metavar("INTEGER|none")]
 """A limit on a count that ``none`` lifts; bound it with ``Field(gt=0)``."""

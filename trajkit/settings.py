@@ -46,6 +46,11 @@ def parse_pairs(pairs: tuple[str, ...] | list[str], flag: str) -> dict[str, Any]
     return data
 
 
+class Metavar(str):
+    """How ``--help`` names a setting's values, for a type the annotation alone does not say:
+    ``Annotated[int, BeforeValidator(parse_size), Metavar("SIZE")]``."""
+
+
 Place = str | Callable[[str], str]
 """Where a setting came from, for error messages: a flag such as ``--option`` (then the key is
 appended: ``--option keep_last``) or a function from the key to its place."""
@@ -85,7 +90,7 @@ def describe_field(model: type[BaseModel], path: list[str]) -> str:
     field = owner.model_fields.get(path[-1]) if owner and path else None
     if field is None:
         return "a valid value"
-    annotation = type_name(field.annotation)
+    annotation = field_type(field)
     bounds = [
         f"{symbol} {getattr(item, attr)}"
         for item in field.metadata
@@ -94,6 +99,12 @@ def describe_field(model: type[BaseModel], path: list[str]) -> str:
     ]
     kind = f"{annotation} {' and '.join(bounds)}".strip()
     return f"{kind} ({field.description})" if field.description else kind
+
+
+def field_type(field: Any) -> str:
+    """A setting's type as people read it: its :class:`Metavar`, else its annotation's."""
+    named = [item for item in field.metadata if isinstance(item, Metavar)]
+    return named[0].lower() if named else type_name(field.annotation)
 
 
 def type_name(annotation: Any) -> str:
