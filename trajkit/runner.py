@@ -90,7 +90,7 @@ class Runner:
         self.run_tools = plan.run_tools(self.distribution, host)
         self.filters = plan.filters(config, host)
         self.writers = plan.writers(config, host)
-        self.client_class = host.model_client(config.model)
+        self.client_class = host.model_client(config.model)  # an unknown model: an error before any row
         self.executor_class = host.executor(config.executor)
         self.lock = RunLock(self.run_dir)
         self.manifest: Manifest
