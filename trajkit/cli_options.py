@@ -206,7 +206,9 @@ def given_settings(
     params = {p.name: p for p in ctx.command.params if isinstance(p, SettingOption)}
     for dest, value in flags.items():
         param = params.get(dest)
-        if param is None or ctx.get_parameter_source(dest) is ParameterSource.DEFAULT or value is None:
+        if param is None or not param.target or value is None:
+            continue  # a command's own flag (--config ...), or a setting not given
+        if ctx.get_parameter_source(dest) is ParameterSource.DEFAULT:
             continue
         if param.pairs:
             _merge(
