@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench import compress, ledger_scale, sandbox_overhead, scaling, turn_cpu
+from bench import cold_start, compress, ledger_scale, sandbox_overhead, scaling, turn_cpu
 
 BENCHMARKS = {
     "turn_cpu": turn_cpu.main,
@@ -17,6 +17,7 @@ BENCHMARKS = {
     "sandbox_overhead": sandbox_overhead.main,
     "ledger_scale": ledger_scale.main,
     "compress": compress.main,
+    "cold_start": cold_start.main,
 }
 
 
