@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from trajkit.config import RunConfig
 from trajkit.dataset import RowError, WorkItem, check_dataset_file, read_dataset
 from trajkit.distributions import Distribution
-from trajkit.executor import Executor, WorkOrder
+from trajkit.executor import WorkOrder
 from trajkit.filters import TrajectoryFilter
 from trajkit.ledger import LedgerIndex, Location, assign
 from trajkit.manager import PluginError, PluginHost
@@ -75,11 +75,6 @@ def writers(config: RunConfig, host: PluginHost) -> list[OutputWriter]:
     if unknown or not names:
         raise RunError(f"unknown writer(s) {unknown}; available: {', '.join(sorted(registered))}")
     return [registered[name](config.writer_options.get(name)) for name in dict.fromkeys(names)]
-
-
-def executor(config: RunConfig, host: PluginHost) -> Executor:
-    """The executor named by ``--executor``; an unknown name is an error naming the installed ones."""
-    return host.executor(config.executor)(config.executor_options.get(config.executor))
 
 
 # -- the dataset and its routes ----------------------------------------------------------------------
