@@ -1,17 +1,21 @@
 """Figure 8: cold start, from spawning ``trajkit run`` to the model server receiving its first request.
 
-A real ``trajkit run`` subprocess (one prompt, one worker) against the test server, which answers at
-once. The clock starts just before the process is spawned and stops when the server's policy sees
-the first chat request (``time.monotonic()`` in both processes: Linux's CLOCK_MONOTONIC is one clock
-for the whole machine). Each repetition is a fresh interpreter; one warm-up run first fills the page
-cache and the ``.pyc`` files. The interpreter's own start (``python -c pass``) is measured the same
-way, interleaved, as the floor no change to trajkit can go below.
+A real ``trajkit run`` subprocess (one prompt, one worker, the local sandbox) against the load
+server in its own process, which answers at once. The clock starts just before the process is
+spawned and stops when the server's policy sees the first chat request (``time.monotonic()`` in
+both processes: Linux's CLOCK_MONOTONIC is one clock for the whole machine); the process's CPU and
+how long its main thread waited for a CPU are read at that moment. Each repetition is a fresh
+interpreter; one warm-up run first fills the page cache and writes the bytecode (``--bytecode``).
+Floors, interleaved with the runs: interpreters that import only what every run needs (the
+interpreter alone, then asyncio, click and aiohttp, then pydantic), timed to the end of their
+imports.
 
 Then one more run under ``python -X importtime`` says what the imports cost and which trajkit module
 pulls in which library (the importtime run is slower than the timed ones: the tracing costs time).
 
     python -m bench.cold_start                     # 10 repetitions
     python -m bench.cold_start --repeat 30 --top 25
+    python -m bench.cold_start --bytecode environment   # modules compiled at every start, if so set
 """
 
 from __future__ import annotations
