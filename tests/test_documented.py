@@ -61,7 +61,9 @@ class Vocabulary:
     def add_text(self, text: str) -> None:
         self.words.update(WORD.findall(text))
         self.names.update(flag.replace("-", "_") for flag in FLAG.findall(text))
-        self.names.update(table.split(".")[0] for table in TABLE.findall(text))  # [distributions.x]
+        for table in TABLE.findall(text):  # [distributions.x] names distributions and distributions.x
+            parts = table.split(".")
+            self.names.update(".".join(parts[:end]) for end in range(1, len(parts) + 1))
         self.names.update(ASSIGNED.findall(text))
         self.hooks.update(IMPLEMENTED.findall(text))
 
@@ -77,6 +79,8 @@ def exercised(key: str, flag: str, tests: list[Vocabulary]) -> bool:
     if len(parts) == 1:
         spelled = {key, *(f.removeprefix("--").replace("-", "_") for f in flag.split(" / ") if f)}
         return any(spelled & test.names for test in tests)
+    if len(parts) == 2:  # a core table: [compress] max_tokens = ..., --compress.max_tokens
+        return any(key in test.names or (parts[1] in test.names and parts[0] in test.names) for test in tests)
     _, plugin, setting = parts
     dotted = f"{plugin}.{setting}"
     return any(

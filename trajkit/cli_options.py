@@ -154,7 +154,11 @@ def model_options(
     for name, field in model.model_fields.items():
         if name in skip:
             continue
-        option = field_option(name, field, group=group, target=(*prefix, name))
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            options += model_options(field.annotation, group=group, prefix=(*prefix, name))
+            continue
+        flag = ".".join((*prefix, name)) if prefix else None
+        option = field_option(name, field, group=group, target=(*prefix, name), flag=flag)
         if option is not None:
             options.append(option)
     return options
@@ -279,7 +283,10 @@ def every_setting(host: PluginHost) -> Iterable[tuple[str, str, str, FieldInfo]]
         return " / ".join(spellings(str(extra["flag"]))) if extra.get("flag") else ""  # a command's own
 
     for key, field in RunConfig.model_fields.items():
-        if not key.endswith("_options"):
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            for inner, inner_field in field.annotation.model_fields.items():
+                yield "run", f"{key}.{inner}", flag_of(inner, inner_field, f"{key}.{inner}"), inner_field
+        elif not key.endswith("_options"):
             yield "run", key, flag_of(key, field, None), field
     for concern in CONCERNS:
         for name, cls in sorted(plugin_classes(host, concern).items()):

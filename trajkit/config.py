@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from trajkit.compress.step import CompressStep
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are a capable assistant working in a sandboxed environment. Use the tools you are given "
     "to inspect, create and run things; think step by step, check results, and finish with a "
@@ -129,6 +131,9 @@ class RunConfig(BaseModel):
     """Writer name -> its settings."""
     executor_options: dict[str, Any] = {}
     """Executor name -> its settings."""
+
+    compress: CompressStep = CompressStep()
+    """The compression step after every merge (off until compress.max_tokens is set)."""
 
     distributions: dict[str, dict[str, float]] = {}
     """Distributions defined in the configuration file: name -> toolset -> probability."""

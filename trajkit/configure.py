@@ -95,9 +95,7 @@ def resolve(host: PluginHost, given: Mapping[str, Any], places: Mapping[str, str
 
     core = {k: v for k, v in given.items() if k in RunConfig.model_fields}
     loose = {k: v for k, v in given.items() if k not in RunConfig.model_fields}
-    sections = {
-        c.section: {n: dict(v) for n, v in (core.pop(c.section, None) or {}).items()} for c in CONCERNS
-    }
+    sections = {c.section: _given_sections(core.pop(c.section, None) or {}) for c in CONCERNS}
     model = str(core.get("model") or RunConfig.model_fields["model"].default)
     problems = _spread_flat_settings(host, loose, sections["model_options"], places, place)
     resolved: dict[str, dict[str, BaseModel]] = {}
@@ -123,6 +121,19 @@ def resolve(host: PluginHost, given: Mapping[str, Any], places: Mapping[str, str
     if problems:
         raise ConfigurationError("; ".join(problems))
     return config
+
+
+def _given_sections(sections: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Plugin name -> the settings given; a validated instance (a configuration resolved before)
+    gives the settings that were set, so its defaults stay defaults."""
+    return {
+        name: value.model_dump(exclude_unset=True)
+        if isinstance(value, BaseModel)
+        else dict(value)
+        if isinstance(value, Mapping)
+        else value  # not a table: the plugin's model says so
+        for name, value in sections.items()
+    }
 
 
 def _flag_of(key: str) -> str:
@@ -175,9 +186,6 @@ def _validate_sections(
     classes = plugin_classes(host, concern)
     validated: dict[str, BaseModel] = {}
     for name, data in sections.items():
-        if isinstance(data, BaseModel):
-            validated[name] = data
-            continue
         cls = classes.get(name)
         if cls is None:
             hint = host.package_hints.get(name)

@@ -190,14 +190,13 @@ def finalize(
 
 
 def offer_tool_schemas(writers: Sequence[OutputWriter], run_dir: Path) -> None:
-    """Hand the run's saved tool schemas (``tools.json``) to the writers that render them (those
-    with a ``use_tool_schemas`` method), so they write what the model saw without loading plugins."""
+    """Hand the run's saved tool schemas (``tools.json``) to the writers that render them, so
+    they write what the model saw without loading plugins; the file is read only for those."""
     saved = None
     for writer in writers:
-        use = getattr(writer, "use_tool_schemas", None)
-        if callable(use):
+        if writer.renders_tools:
             saved = read_tool_schemas(run_dir) if saved is None else saved
-            use(saved)
+            writer.use_tool_schemas(saved)
 
 
 def merge_run(

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trajkit import __version__, plan
+from trajkit.compress import step as compress_step
 from trajkit.config import RunConfig
 from trajkit.dataset import RowError
 from trajkit.execute import SessionFailure
@@ -109,6 +110,10 @@ class Runner:
         """Check the dataset, hold the run directory, run what is pending, merge."""
         if self.config.resume and self.config.overwrite:
             raise RunError("--resume continues the run and --overwrite deletes it: pass one of them")
+        try:
+            compress_step.check(self.config, self.host)
+        except compress_step.StepFailed as exc:
+            raise RunError(str(exc)) from None
         work = plan.read_work(self.config, self.host)
         try:
             self._prepare_run_dir()
@@ -134,8 +139,20 @@ class Runner:
             self.run_dir, paired, index, self.filters, self.writers, self.run_tools, self.manifest.data
         )
         warn_if_all_rejected(statistics, self.config)
+        compressed = self.interrupted or await self._compress()
         self.host.run_end(self.info, statistics)
-        return RunOutcome(self._exit_code(statistics, work.row_errors), statistics, work.row_errors)
+        code = self._exit_code(statistics, work.row_errors)
+        return RunOutcome(code if compressed else max(code, EXIT_INCOMPLETE), statistics, work.row_errors)
+
+    async def _compress(self) -> bool:
+        """The compression step after the merge, when configured; False if it could not finish
+        (the run's own outputs are complete, and a --resume runs the step again)."""
+        try:
+            await compress_step.compress_run(self.config, self.host)
+        except compress_step.StepFailed as exc:
+            log.error("%s; trajectories.jsonl is complete, --resume runs the step again", exc)
+            return False
+        return True
 
     def _exit_code(self, statistics: dict[str, Any], row_errors: list[RowError]) -> int:
         if self.interrupted:

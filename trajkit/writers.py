@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,8 +27,17 @@ class OutputWriter(ABC):
     """The writer's settings (``--writer_option NAME.KEY=VALUE``, ``--NAME.KEY``, the
     configuration file's ``[writer_options.NAME]``); none by default."""
 
+    renders_tools: ClassVar[bool] = False
+    """Whether rows carry the schemas of the tools offered; such a writer is handed the run's
+    saved schemas (:meth:`use_tool_schemas`) before :meth:`write`."""
+
     def __init__(self, settings: StrictSettings | Mapping[str, Any] | None = None) -> None:
         self.settings = self.Settings.model_validate(settings if settings is not None else {})
+
+    def use_tool_schemas(self, saved: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+        """The run's saved tool schema sets (``tools.json``: key -> the schemas of one offer),
+        handed over by the merge and ``trajkit export`` to a writer that :attr:`renders_tools`,
+        so it writes what the model saw without loading plugins. Nothing by default."""
 
     @abstractmethod
     def write(self, records: Iterable[Record], path: Path) -> int:

@@ -16,31 +16,39 @@ import click
 
 from trajkit.cli import option
 from trajkit.cli_options import PluginCommand, given_settings, plugin_options
+from trajkit.compress.step import CompressStep
 from trajkit.configure import CONCERNS
 from trajkit.manager import PluginError, PluginHost
 
 log = logging.getLogger("trajkit")
+STEP = CompressStep.model_fields  # one default per setting: the run's step and this command share them
 
 
 @click.command(cls=PluginCommand, plugin_params=lambda host, command: client_params(host, command))
 @click.argument("source", metavar="INPUT", type=click.Path(path_type=Path, exists=True), required=False)
 @option("out", type=click.Path(path_type=Path, dir_okay=False), help="Output JSONL file.")
 @option("max_tokens", type=click.IntRange(min=1), help="Token budget of each trajectory.")
-@option("strategy", default="mask_observations", show_default=True, help="Compressor to use.")
+@option("strategy", default=STEP["strategy"].default, show_default=True, help="Compressor to use.")
 @option("option", "options", multiple=True, help="KEY=VALUE setting of the strategy, repeatable.")
 @option(
     "tokenizer",
-    default="estimate",
+    default=STEP["tokenizer"].default,
     show_default=True,
     help="A token counter's name, a tokenizer.json (or its directory) or a model id in the local HF cache.",
 )
 @option("tokenizer_option", "tokenizer_options", multiple=True, help="KEY=VALUE setting of the counter.")
 @option("model", default="scripted", show_default=True, help="Summary model: 'scripted' (offline) or a slug.")
-@option("concurrency", type=click.IntRange(min=1), default=16, show_default=True, help="Records in flight.")
+@option(
+    "concurrency",
+    type=click.IntRange(min=1),
+    default=STEP["concurrency"].default,
+    show_default=True,
+    help="Records in flight.",
+)
 @option(
     "record_timeout",
     type=float,
-    default=900.0,
+    default=STEP["record_timeout"].default,
     show_default=True,
     help="Seconds one record may take; past it the record is kept unchanged and flagged.",
 )

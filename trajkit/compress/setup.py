@@ -110,6 +110,7 @@ class Prepared:
     quiet: bool
     overwrite: bool = False
     errors: tuple[type[Exception], ...] = (CompressError, ModelError, RunIOError, OSError)
+    """What a compression may end with, for a caller to report (the command, the run's step)."""
     metrics: Metrics = field(default_factory=Metrics)
 
     async def run(self) -> Metrics:
@@ -168,7 +169,7 @@ def prepare(host: PluginHost, flags: dict[str, Any]) -> Prepared:
     source = resolve_input(flags["source"])
     try:
         counter = build_counter(host, flags["tokenizer"], flags["tokenizer_options"])
-        compressor = _build_compressor(host, flags["strategy"], flags["options"], counter)
+        compressor = build_compressor(host, flags["strategy"], flags["options"], counter)
     except OptionError as exc:
         raise SetupError(str(exc)) from None
     client, secrets = _client(host, flags) if compressor.uses_model else (None, [])
@@ -188,7 +189,7 @@ def prepare(host: PluginHost, flags: dict[str, Any]) -> Prepared:
     return Prepared(job, state, client, flags["model"], flags["quiet"], flags["overwrite"])
 
 
-def _build_compressor(
+def build_compressor(
     host: PluginHost, name: str, pairs: tuple[str, ...], counter: TokenCounter
 ) -> Compressor:
     compressors = host.compressors

@@ -88,16 +88,19 @@ class ToolSchemaWriter(OutputWriter):
     warning, rather than failing the whole export.
     """
 
+    renders_tools = True
+
     def __init__(self, settings: StrictSettings | Mapping[str, Any] | None = None) -> None:
         super().__init__(settings)
         self._saved: dict[str, dict[str, ToolSchema]] = {}
         self._installed: dict[str, ToolSchema] | None = None
         self._warned: set[str] = set()
 
-    def use_tool_schemas(self, saved: Mapping[str, Sequence[ToolSchema]]) -> None:
+    def use_tool_schemas(self, saved: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
         """The run's saved schema sets (``tools.json``): key -> the schemas of one offer."""
         self._saved = {
-            key: {schema["function"]["name"]: schema for schema in schemas} for key, schemas in saved.items()
+            key: {schema["function"]["name"]: dict(schema) for schema in schemas}
+            for key, schemas in saved.items()
         }
 
     def schemas_for(self, record: Record) -> list[ToolSchema]:
