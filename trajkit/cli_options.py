@@ -164,6 +164,13 @@ def model_options(
     return options
 
 
+def plugin_flag(concern: Concern, name: str, key: str, field: FieldInfo) -> str:
+    """A plugin setting's flag: ``--KEY`` for a model client's, ``--NAME.KEY`` for the others', or
+    the name its field gives (``json_schema_extra={"flag": "ray_address"}``)."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    return str(extra.get("flag") or (key if concern.flat else f"{name}.{key}"))
+
+
 def plugin_options(host: PluginHost, concerns: Iterable[Concern] = CONCERNS) -> list[click.Parameter]:
     """The flags of every installed plugin's settings, grouped per plugin, and per concern a
     generic ``--sandbox_option NAME.KEY=VALUE``."""
@@ -176,7 +183,7 @@ def plugin_options(host: PluginHost, concerns: Iterable[Concern] = CONCERNS) -> 
         for name, cls in sorted(plugin_classes(host, concern).items()):
             group = f"{concern.title} {name!r}"
             for key, field in cls.Settings.model_fields.items():
-                flag = key if concern.flat else f"{name}.{key}"
+                flag = plugin_flag(concern, name, key, field)
                 target = (key,) if concern.flat else (concern.section, name, key)
                 if flag in owners:
                     if concern.flat and owners[flag].startswith("model client"):
@@ -292,7 +299,7 @@ def every_setting(host: PluginHost) -> Iterable[tuple[str, str, str, FieldInfo]]
         for name, cls in sorted(plugin_classes(host, concern).items()):
             for key, field in cls.Settings.model_fields.items():
                 place = key if concern.flat else f"{concern.section}.{name}.{key}"
-                flag = flag_of(key, field, key if concern.flat else f"{name}.{key}")
+                flag = flag_of(key, field, plugin_flag(concern, name, key, field))
                 yield f"{concern.title} {name!r}", place, flag, field
 
 
