@@ -23,7 +23,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 from trajkit.configure import CONCERNS, Concern, plugin_classes
-from trajkit.settings import Metavar
+from trajkit.settings import Metavar, documented
 
 if TYPE_CHECKING:
     from trajkit.manager import PluginHost
@@ -37,13 +37,27 @@ class SettingOption(click.Option):
     """A flag that knows its ``--help`` group and where its value goes."""
 
     def __init__(
-        self, *args: Any, group: str = "", target: Target = (), pairs: bool = False, **kwargs: Any
+        self,
+        *args: Any,
+        group: str = "",
+        target: Target = (),
+        pairs: bool = False,
+        field: tuple[type[BaseModel], str] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.group = group
         self.target = target
+        self.field = field
+        """(model, field name): the help text is read from it when ``--help`` asks."""
         self.pairs = pairs
         """Takes ``NAME.KEY=VALUE`` items for the section ``target``."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        if self.help is None and self.field is not None:
+            model, name = self.field
+            self.help = help_text(model, name, model.model_fields[name])
+        return super().get_help_record(ctx)
 
 
 class GroupedCommand(click.Command):
@@ -106,7 +120,13 @@ def _comma_items(_ctx: click.Context, _param: click.Parameter, values: Any) -> l
 
 
 def field_option(
-    name: str, field: FieldInfo, *, group: str, target: Target, flag: str | None = None
+    name: str,
+    field: FieldInfo,
+    *,
+    group: str,
+    target: Target,
+    flag: str | None = None,
+    model: type[BaseModel] | None = None,
 ) -> SettingOption | None:
     """The flag of one setting, or None for a setting only a configuration file can hold."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
@@ -132,18 +152,24 @@ def field_option(
         kwargs.update(type=str, metavar=named[0] if named else _METAVARS.get(annotation, "TEXT"))
     else:
         return None  # a table or a nested model: configuration file (or NAME.KEY=VALUE) only
-    help_text = (field.description or "").replace("\n", " ")
-    shown = field.default_factory is None and field.default not in (None, [], {}, ())
-    shown = shown and len(str(field.default)) <= 40
-    if shown and not field.is_required() and annotation is not bool:
-        help_text = f"{help_text} [default: {field.default}]".strip()
     return SettingOption(
         [*spellings(flag or str(extra.get("flag") or name)), "__".join(target)],
-        help=help_text,
         group=group,
         target=target,
+        field=(model, name) if model is not None else None,
         **kwargs,
     )
+
+
+def help_text(model: type[BaseModel] | None, name: str, field: FieldInfo) -> str:
+    """A setting's ``--help`` line: its description and its default."""
+    if model is not None:
+        field = documented(model).model_fields[name]
+    text = " ".join((field.description or "").split())
+    shown = field.default_factory is None and field.default not in (None, [], {}, ())
+    if shown and len(str(field.default)) <= 40 and field.annotation is not bool:
+        text = f"{text} [default: {field.default}]".strip()
+    return text
 
 
 def model_options(
@@ -158,7 +184,7 @@ def model_options(
             options += model_options(field.annotation, group=group, prefix=(*prefix, name))
             continue
         flag = ".".join((*prefix, name)) if prefix else None
-        option = field_option(name, field, group=group, target=(*prefix, name), flag=flag)
+        option = field_option(name, field, group=group, target=(*prefix, name), flag=flag, model=model)
         if option is not None:
             options.append(option)
     return options
@@ -190,7 +216,7 @@ def plugin_options(host: PluginHost, concerns: Iterable[Concern] = CONCERNS) -> 
                         continue  # two clients with a setting of one name share its flag
                     raise PluginError(f"the flag --{flag} is claimed by {owners[flag]} and by {group}")
                 owners[flag] = group
-                option = field_option(key, field, group=group, target=target, flag=flag)
+                option = field_option(key, field, group=group, target=target, flag=flag, model=cls.Settings)
                 if option is not None:
                     options.append(option)
         if not concern.flat:
@@ -289,15 +315,15 @@ def every_setting(host: PluginHost) -> Iterable[tuple[str, str, str, FieldInfo]]
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         return " / ".join(spellings(str(extra["flag"]))) if extra.get("flag") else ""  # a command's own
 
-    for key, field in RunConfig.model_fields.items():
+    for key, field in documented(RunConfig).model_fields.items():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-            for inner, inner_field in field.annotation.model_fields.items():
+            for inner, inner_field in documented(field.annotation).model_fields.items():
                 yield "run", f"{key}.{inner}", flag_of(inner, inner_field, f"{key}.{inner}"), inner_field
         elif not key.endswith("_options"):
             yield "run", key, flag_of(key, field, None), field
     for concern in CONCERNS:
         for name, cls in sorted(plugin_classes(host, concern).items()):
-            for key, field in cls.Settings.model_fields.items():
+            for key, field in documented(cls.Settings).model_fields.items():
                 place = key if concern.flat else f"{concern.section}.{name}.{key}"
                 flag = flag_of(key, field, plugin_flag(concern, name, key, field))
                 yield f"{concern.title} {name!r}", place, flag, field

@@ -49,7 +49,7 @@ class RunConfig(BaseModel):
     are its ``Settings`` model, validated into the ``*_options`` sections by
     :func:`trajkit.configure.resolve`; secrets are ``SecretStr`` and never serialised."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     dataset_file: Path | None = None
     """JSONL file, one {"prompt": ...} per line (required)."""

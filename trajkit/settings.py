@@ -16,12 +16,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 class StrictSettings(BaseModel):
     """Base of every plugin settings model: unknown keys are errors, instances are immutable.
 
-    A docstring under a field is its description (``--help``, ``trajkit settings``, errors).
+    A docstring under a field is its description (``--help``, ``trajkit settings``, errors),
+    read when one of those needs it (:func:`documented`).
     Schemas are built on first use (``defer_build``): a command pays only for the models it
     validates, not for every installed plugin's.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class OptionError(ValueError):
@@ -44,6 +45,55 @@ def parse_pairs(pairs: tuple[str, ...] | list[str], flag: str) -> dict[str, Any]
             node = child
         node[leaf] = value
     return data
+
+
+def documented(model: type[BaseModel]) -> type[BaseModel]:
+    """``model`` with each field's description filled from the docstring under the field.
+
+    Read on demand rather than by pydantic's ``use_attribute_docstrings``, which parses every
+    class's source when it is defined: milliseconds per settings model at every start, for text
+    only ``--help``, ``trajkit settings`` and error messages show.
+    """
+    if model not in _DOCUMENTED:
+        docs: dict[str, str] = {}
+        for cls in reversed(model.__mro__):
+            if issubclass(cls, BaseModel) and cls is not BaseModel:
+                docs.update(_attribute_docstrings(cls))
+        for name, field in model.model_fields.items():
+            if field.description is None and name in docs:
+                field.description = docs[name]
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                documented(annotation)
+        _DOCUMENTED.add(model)
+    return model
+
+
+_DOCUMENTED: set[type[BaseModel]] = set()
+
+
+def _attribute_docstrings(cls: type) -> dict[str, str]:
+    import ast
+    import inspect
+    import itertools
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs = {}
+    for node, after in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return docs
 
 
 class Metavar(str):
@@ -87,7 +137,7 @@ def _explain(
 def describe_field(model: type[BaseModel], path: list[str]) -> str:
     """The field's type and description, e.g. ``int: the last N turns are never summarised``."""
     owner = _model_at(model, path[:-1])
-    field = owner.model_fields.get(path[-1]) if owner and path else None
+    field = documented(owner).model_fields.get(path[-1]) if owner and path else None
     if field is None:
         return "a valid value"
     annotation = field_type(field)

@@ -22,7 +22,7 @@ COMPRESSED_FILE = "trajectories.compressed.jsonl"
 class CompressStep(BaseModel):
     """The run's compression step and the defaults of ``trajkit compress``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_tokens: int | None = Field(None, ge=1)
     """Token budget of each trajectory; when set, every merge also writes trajectories.compressed.jsonl."""

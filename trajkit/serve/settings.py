@@ -21,7 +21,7 @@ class ServerKeyError(ValueError):
 class ServeSettings(BaseModel):
     """Every setting of ``trajkit serve`` that ``trajkit run`` does not have."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str = "127.0.0.1"
     """Address to listen on."""
