@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,14 +61,6 @@ CONCERNS = (
 
 def plugin_classes(host: PluginHost, concern: Concern) -> dict[str, Any]:
     return dict(getattr(host, concern.registry, {}))
-
-
-def settings_fields(host: PluginHost) -> Iterator[tuple[Concern, str, type[Any], str, Any]]:
-    """(concern, plugin name, plugin class, setting name, field) of every installed plugin."""
-    for concern in CONCERNS:
-        for name, cls in sorted(plugin_classes(host, concern).items()):
-            for key, field in cls.Settings.model_fields.items():
-                yield concern, name, cls, key, field
 
 
 class ConfigurationError(ValueError):
