@@ -11,6 +11,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -22,6 +23,18 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
 MIN_LENGTH = 8
 """Shorter values are too likely to be ordinary words or numbers to be replaced everywhere."""
 REDACTED = "[REDACTED]"
+
+
+def read_key_file(path: Path, name: str) -> str:
+    """The key a file holds (surrounding blanks stripped); a :class:`ValueError` naming the
+    setting and the file, never the content, when it cannot be read or is empty."""
+    try:
+        key = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{name} {path}: cannot be read ({type(exc).__name__})") from None
+    if not key:
+        raise ValueError(f"{name} {path} is empty")
+    return key
 
 
 def environment_secrets(environ: dict[str, str] | None = None) -> list[str]:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 
 from trajkit.config import flag
+from trajkit.secrets import read_key_file
 from trajkit.settings import StrictSettings
 
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
@@ -62,12 +63,5 @@ class OpenAISettings(StrictSettings):
     @classmethod
     def _key_from_file(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("api_key_file") and not data.get("api_key"):
-            path = Path(data["api_key_file"])
-            try:
-                key = path.read_text().strip()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"api_key_file {path}: cannot be read ({type(exc).__name__})") from None
-            if not key:
-                raise ValueError(f"api_key_file {path} is empty")
-            data = {**data, "api_key": key}
+            data = {**data, "api_key": read_key_file(Path(data["api_key_file"]), "api_key_file")}
         return data

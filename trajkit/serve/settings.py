@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from trajkit.secrets import read_key_file
+
 KEY_VARIABLE = "TRAJKIT_SERVER_KEY"
 MIN_KEY_LENGTH = 16
 """Shorter keys are accepted on loopback with a warning; a public listener needs a real one."""
@@ -69,11 +71,9 @@ def read_server_key(path: Path | None) -> str | None:
     """The key from ``--server_key_file``, else ``$TRAJKIT_SERVER_KEY``, else None; never echoed."""
     if path is not None:
         try:
-            key = path.read_text().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ServerKeyError(f"--server_key_file {path}: cannot be read ({type(exc).__name__})") from None
-        if not key:
-            raise ServerKeyError(f"--server_key_file {path} is empty")
+            key = read_key_file(path, "--server_key_file")
+        except ValueError as exc:
+            raise ServerKeyError(str(exc)) from None
     else:
         key = os.environ.get(KEY_VARIABLE, "").strip()
         if not key:
