@@ -382,3 +382,14 @@ def test_identical_regions_in_flight_at_once_are_asked_for_once(tmp_path: Path) 
     rows = read_jsonl(out)
     assert rows[0]["conversations"] == rows[1]["conversations"] == rows[2]["conversations"]
     assert [r["compression"]["requests"] for r in rows] == [1, 0, 0]
+
+
+def test_an_offline_client_s_summaries_are_said_to_be_placeholders(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [trajkit_record(0, steps=14, parallel=3)])
+    done = compress(
+        str(source), "--out", str(tmp_path / "out.jsonl"), "--max_tokens", "2500", "--strategy", "summary"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--model scripted: summaries are offline placeholders" in done.stderr
+    [row] = read_jsonl(tmp_path / "out.jsonl")
+    assert row["compression"]["summaries"] >= 1

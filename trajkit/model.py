@@ -114,6 +114,8 @@ class ModelClient(ABC):
     """The client's settings. They are flags and configuration-file keys of their own name
     (``--max_retries``), saved under ``model_options.NAME``; read them in :meth:`from_config`
     with ``config.settings_of(cls)``. None by default."""
+    offline: ClassVar[bool] = False
+    """Answers without a model behind it (scripted placeholders): fine for a dry run, not data."""
     takes_params: ClassVar[bool] = False
     """Whether :meth:`complete` takes ``params`` (sampling fields); a client that cannot says so,
     and a caller with fields to pass refuses them rather than drop them."""

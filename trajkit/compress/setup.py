@@ -214,8 +214,8 @@ def _client(host: PluginHost, flags: dict[str, Any]) -> tuple[ModelClient, list[
         client_class = host.model_client(config.model)
     except (ConfigurationError, PluginError) as exc:
         raise SetupError(str(exc)) from None
-    if config.model == "scripted":
-        log.warning("--model scripted: summaries are offline placeholders, for a dry run only")
+    if client_class.offline:
+        log.warning("--model %s: summaries are offline placeholders, for a dry run only", config.model)
     try:
         client = client_class.from_config(config)
     except ModelError as exc:

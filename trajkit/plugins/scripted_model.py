@@ -26,6 +26,7 @@ class ScriptedModel(ModelClient):
     takes_params = True
     """Accepted, and they change nothing: a scripted reply has no sampling to set."""
     description = "offline deterministic agent that exercises the offered tools"
+    offline = True
 
     @classmethod
     def from_config(cls, config: RunConfig) -> ScriptedModel:
