@@ -12,6 +12,10 @@
 Time spent waiting here is trajkit's own doing, not the endpoint's: :func:`acquire` returns it, so
 a request's retry budget leaves it out, and it pauses the session's deadline (see
 :func:`session_deadline`), so it does not count against ``--prompt_timeout`` either.
+
+A model client makes its limiter with :func:`new_limiter`. An executor whose sessions run in many
+processes keeps the limits run-wide by making it there within :func:`shared_limits`, with a
+factory whose limiters take their permits from one place (the ``ray`` executor's limiter actor).
 """
 
 from __future__ import annotations
@@ -25,6 +29,28 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 _deadline: ContextVar[asyncio.Timeout | None] = ContextVar("trajkit_session_deadline", default=None)
+LimiterFactory = Callable[[int | None, float | None, float | None], "RequestLimiter"]
+"""(max_concurrent, max_rpm, max_tpm) -> the limiter a model client holds."""
+_factory: ContextVar[LimiterFactory | None] = ContextVar("trajkit_limiter_factory", default=None)
+
+
+@contextlib.contextmanager
+def shared_limits(factory: LimiterFactory) -> Iterator[None]:
+    """Within the block, :func:`new_limiter` makes its limiters with ``factory``."""
+    token = _factory.set(factory)
+    try:
+        yield
+    finally:
+        _factory.reset(token)
+
+
+def new_limiter(
+    max_concurrent: int | None = None, max_rpm: float | None = None, max_tpm: float | None = None
+) -> RequestLimiter:
+    """The limiter of a model client: a :class:`RequestLimiter` of its own, or within
+    :func:`shared_limits`, what the executor's factory makes (limits shared with other processes)."""
+    factory = _factory.get()
+    return (factory or RequestLimiter)(max_concurrent, max_rpm, max_tpm)
 
 
 @contextlib.contextmanager

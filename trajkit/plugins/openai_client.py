@@ -49,7 +49,7 @@ from trajkit.plugins.model_transport import (
     describe_error,
 )
 from trajkit.plugins.openai_settings import OpenAISettings
-from trajkit.ratelimit import RequestLimiter
+from trajkit.ratelimit import RequestLimiter, new_limiter
 from trajkit.retry import REQUEST_BACKOFF, backoff_delay
 
 log = logging.getLogger("trajkit")
@@ -204,7 +204,7 @@ class OpenAIClient(ModelClient):
             make_transport(settings, api_key, config.num_workers),
             config.model,
             request_extras(settings),
-            limiter=RequestLimiter(settings.max_concurrent_requests, settings.max_rpm, settings.max_tpm),
+            limiter=new_limiter(settings.max_concurrent_requests, settings.max_rpm, settings.max_tpm),
             max_retries=settings.max_retries,
             retry_budget=settings.retry_budget,
             prices=(prices[0], prices[1]) if prices else None,
