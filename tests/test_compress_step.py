@@ -70,5 +70,5 @@ def test_a_bad_compression_setting_is_refused_before_the_run(tmp_path: Path) -> 
         "--compress.max_tokens", "0",
     )  # fmt: skip
     assert result.returncode == 2
-    assert "--compress.max_tokens: Input should be greater than or equal to 1" in result.stderr
+    assert "--compress.max_tokens=0: expects compress.max_tokens to be int or none >= 1" in result.stderr
     assert not (tmp_path / "bad").exists()

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from trajkit.config import RunConfig
-from trajkit.settings import OptionError, build_settings
+from trajkit.settings import OptionError, build_settings, describe_field, value_at
 
 if TYPE_CHECKING:
     from trajkit.manager import PluginHost
@@ -109,7 +109,7 @@ def resolve(host: PluginHost, given: Mapping[str, Any], places: Mapping[str, str
     try:
         config = RunConfig(**core, **resolved)
     except ValidationError as exc:
-        problems.append(describe_errors(exc, place))
+        problems.append(describe_errors(exc, place, RunConfig, core))
     if problems:
         raise ConfigurationError("; ".join(problems))
     return config
@@ -204,15 +204,28 @@ def _section_place(place: Callable[[str], str], section: str, key: str) -> str:
     return place(f"{section}.{key}")
 
 
-def describe_errors(exc: ValidationError, place: Any) -> str:
-    """Each problem of the core settings with its place: the flag, or the file and key."""
+def describe_errors(
+    exc: ValidationError,
+    place: Any,
+    model: type[BaseModel] | None = None,
+    given: Mapping[str, Any] | None = None,
+) -> str:
+    """Each problem of the core settings with its place (the flag, or the file and key), the
+    value given and, with the ``model``, what the setting expects."""
     problems = []
     for error in exc.errors():
-        key = ".".join(map(str, error["loc"]))
+        path = [str(part) for part in error["loc"]]
+        key = ".".join(path)
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            message = "no such setting"
-        problems.append(f"{place(key)}: {message}" if key else message)
+            problems.append(f"{place(key)}: no such setting")
+        elif model is not None and given is not None and key and error["type"] != "missing":
+            value = value_at(given, path)
+            problems.append(
+                f"{place(key)}={value}: expects {key} to be {describe_field(model, path)}; {message}"
+            )
+        else:
+            problems.append(f"{place(key)}: {message}" if key else message)
     return "; ".join(problems)
 
 

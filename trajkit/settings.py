@@ -130,7 +130,7 @@ def _explain(
         return f"{plugin} needs the setting {key!r} ({describe_field(model, path)})"
     if not path:  # a check across several settings
         return f"{plugin}: {error['msg'].removeprefix('Value error, ')}"
-    given = _value_at(data, path)
+    given = value_at(data, path)
     return f"{where(key)}={given}: {plugin} expects {key} to be {describe_field(model, path)}; {error['msg']}"
 
 
@@ -193,7 +193,7 @@ def _model_at(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None
     return current
 
 
-def _value_at(data: Mapping[str, Any], path: list[str]) -> Any:
+def value_at(data: Mapping[str, Any], path: list[str]) -> Any:
     node: Any = data
     for part in path:
         node = node.get(part) if isinstance(node, dict) else None
