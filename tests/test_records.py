@@ -181,6 +181,22 @@ PLAIN: dict[str, Callable[[], tuple[ConversationResult, dict[str, Any]]]] = {
         session([{"role": "user", "content": "?"}, assistant(None)]),
         fields(),
     ),
+    "a sample with a score, fewer toolsets used than offered": lambda: (
+        session(three_tool_calls()),
+        fields(
+            sample=3,
+            toolsets_used=["terminal"],
+            toolsets_offered=["file", "terminal"],
+            score={
+                "passed": False,
+                "value": 0.5,
+                "checks": [
+                    {"scorer": "answer", "passed": True, "value": 1.0, "detail": "answer '4' given"},
+                    {"scorer": "command", "passed": False, "value": 0.0, "detail": "exit 1\nE ✗"},
+                ],
+            },
+        ),
+    ),
 }
 
 
@@ -194,6 +210,20 @@ ODD: dict[str, Callable[[], tuple[ConversationResult, dict[str, Any]]]] = {
         fields(metadata={"score": float("nan"), "pair": (1, 2), "model": "m"}),
     ),
     "integer duration": lambda: (session(three_tool_calls()), fields(duration_s=4)),
+    "a score with an integer value": lambda: (
+        session(three_tool_calls()),
+        fields(score={"passed": True, "value": 1, "checks": []}),
+    ),
+    "a score's keys in another order": lambda: (
+        session(three_tool_calls()),
+        fields(
+            score={
+                "checks": [{"value": 1.0, "passed": True, "scorer": "s", "detail": ""}],
+                "value": 1.0,
+                "passed": True,
+            }
+        ),
+    ),
     "reasoning that is no string": lambda: (
         session([{"role": "user", "content": "?"}, assistant("a", reasoning=42)]),
         fields(),

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
+from trajkit.manager import load_plugins
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy
 
@@ -75,6 +76,11 @@ def test_run_directory_has_the_four_artifacts(finished_run: tuple[Path, OpenAITe
     assert {len(read_jsonl(p)) for p in run_dir.glob("batch_*.jsonl")} == {5, 4}
 
 
+TOOLSET_OF = {
+    tool.name: toolset.name for toolset in load_plugins().toolsets.values() for tool in toolset.tools
+}
+
+
 def test_kept_records_carry_every_field(finished_run: tuple[Path, OpenAITestServer, str]) -> None:
     run_dir, _, _ = finished_run
     records = read_jsonl(run_dir / "trajectories.jsonl")
@@ -88,7 +94,9 @@ def test_kept_records_carry_every_field(finished_run: tuple[Path, OpenAITestServ
         assert {"batch_num", "timestamp", "topic"} <= set(record["metadata"])
         assert record["sandbox"]["backend"] == "local"
         assert record["usage"]["total_tokens"] > 0 and record["duration_s"] >= 0
-        assert set(record["toolsets_used"]) == {"terminal", "file", "code"}
+        assert set(record["toolsets_offered"]) == {"terminal", "file", "code"}
+        called = {name for name, stat in record["tool_stats"].items() if stat["count"]}
+        assert set(record["toolsets_used"]) == {TOOLSET_OF[name] for name in called}
         assert "write_file" in record["tools_offered"]
         gpt = [t for t in record["conversations"] if t["from"] == "gpt"]
         assert all(t["reasoning"] for t in gpt), "reasoning must be read from every dialect"

@@ -69,6 +69,9 @@ class RunConfig(BaseModel):
     """Sessions in flight at once."""
     max_samples: int | None = Field(None, ge=0)
     """Use only the first N rows."""
+    samples_per_prompt: int = Field(1, ge=1)
+    """Trajectories per row: each sample is a work item of its own (own toolset draw, own model
+    sampling), counted by resume; the outputs keep a row's samples together."""
     resume: bool = False
     """Continue the run in the run directory."""
     overwrite: bool = False
@@ -111,6 +114,8 @@ class RunConfig(BaseModel):
     """Attempts per prompt in one invocation."""
     retry_backoff: float = Field(2.0, ge=0)
     """Seconds before the 2nd attempt; doubles."""
+    check_timeout: float = Field(600.0, gt=0)
+    """Seconds a row's check command (its "check" field) may run in the sandbox after the session."""
 
     filters: list[str] = Field([], json_schema_extra=flag("filter", repeat=True))
     """Enable a filter that is off by default (repeatable)."""

@@ -2,7 +2,7 @@
 
 A prompt's identity is its content: the prompt and the fields that change how it executes
 (image, cwd, backend), hashed. k identical rows are k work items, told apart by their occurrence
-number, so a dataset may be reordered or edited between invocations and still resume exactly.
+number (and with ``--samples_per_prompt N``, each row is N work items, numbered the same way), so a dataset may be reordered or edited between invocations and still resume exactly.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,10 @@ class WorkItem:
     row: PlannedRow
     prompt_id: str
     occurrence: int
-    """0 for the first row with this prompt_id, 1 for the second copy, ..."""
+    """0 for the first work item with this prompt_id, 1 for the second, ... (identical rows and
+    the samples of a row are all work items of one prompt_id)."""
+    sample: int = 0
+    """Which of the row's ``--samples_per_prompt`` samples this is (0-based)."""
 
     @property
     def work_id(self) -> str:
@@ -145,6 +148,20 @@ def read_dataset(path: Path) -> tuple[list[WorkItem], list[RowError]]:
         seen[identity] = occurrence + 1
         items.append(WorkItem(line_number - 1, line_number, row, identity, occurrence))
     return items, errors
+
+
+def with_samples(items: list[WorkItem], samples: int) -> list[WorkItem]:
+    """Each row's work item ``samples`` times in a row (sample 0, 1, ...), numbered as identical
+    rows are: a prompt's occurrences count every sample of every copy of it."""
+    if samples == 1:
+        return items
+    expanded: list[WorkItem] = []
+    seen: dict[str, int] = {}
+    for item in items:
+        first = seen.get(item.prompt_id, 0)
+        seen[item.prompt_id] = first + samples
+        expanded += [replace(item, occurrence=first + s, sample=s) for s in range(samples)]
+    return expanded
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:

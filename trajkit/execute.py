@@ -25,6 +25,7 @@ from trajkit.records import record_json
 from trajkit.retry import backoff_delay
 from trajkit.rundir import tool_schemas_key
 from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxError, SandboxSpec
+from trajkit.scorers import ScoreContext, score_session
 from trajkit.tools import Tool
 
 log = logging.getLogger("trajkit")
@@ -51,6 +52,9 @@ class Sessions:
         self.image_failures: dict[tuple[str, str], str] = {}
         self.offers: dict[tuple[str, ...], tuple[dict[str, Tool], str, list[dict[str, Any]]]] = {}
         """Toolsets drawn -> (their tools, the key of their schemas, the schemas)."""
+        self.toolset_of = {tool.name: ts.name for ts in host.toolsets.values() for tool in ts.tools}
+        """Tool name -> the toolset that has it."""
+        self.scorers = [cls() for _, cls in sorted(host.scorers.items())]
         self.reported: set[str] = set()
         """Schema keys already handed back with a record."""
 
@@ -176,8 +180,19 @@ class Sessions:
                 tool_output_cap=config.tool_output_cap,
             )
             result = await run_conversation(session, item.row.prompt)
+            score = None
+            if self.scorers:
+                row = {"prompt": item.row.prompt, "image": item.row.image, "cwd": item.row.cwd}
+                row |= {"backend": item.row.backend, **item.row.extra_fields}
+                context = ScoreContext(
+                    row, result.final_response, result.messages, sandbox, config.check_timeout
+                )
+                score = await score_session(self.scorers, context)
         finally:
             await asyncio.shield(sandbox.close())
+        used = {
+            self.toolset_of[name] for name, stat in result.tool_stats.items() if stat.count and name in tools
+        }
         image = item.row.image
         record = record_json(
             result,
@@ -185,13 +200,15 @@ class Sessions:
             work_id=item.work_id,
             prompt_id=item.prompt_id,
             prompt_index=item.index,
+            sample=item.sample,
             metadata={
                 **item.row.extra_fields,
                 "batch_num": None,  # the ledger's batch, set by the runner as it appends the record
                 "timestamp": datetime.now(UTC).isoformat(),
                 "model": config.model,
             },
-            toolsets_used=list(toolsets),
+            toolsets_used=sorted(used),
+            toolsets_offered=list(toolsets),
             tools_offered=sorted(tools),
             tool_schemas_key=key,
             duration_s=round(time.monotonic() - started, 3),
@@ -199,6 +216,7 @@ class Sessions:
             backend=order.backend,
             image=image,
             digest=self.digests.get((order.backend, image)) if image else None,
+            score=score,
         )
         new = key not in self.reported
         self.reported.add(key)

@@ -70,6 +70,7 @@ class Tally:
     invalid_tool_calls: int = 0
     backends: Counter[str] = field(default_factory=Counter)
     tools: dict[str, Counter[str]] = field(default_factory=dict)
+    scores: PassRates = field(default_factory=lambda: PassRates())
 
     def add(self, record: Record, reason: str | None) -> None:
         self.trajectories += 1
@@ -93,6 +94,7 @@ class Tally:
         self.backends[record["sandbox"]["backend"]] += 1
         for name, stat in record["tool_stats"].items():
             self.tools.setdefault(name, Counter()).update(stat)
+        self.scores.add(record)
 
     def as_dict(self) -> dict[str, Any]:
         tools = {}
@@ -126,6 +128,65 @@ class Tally:
             "invalid_tool_calls": self.invalid_tool_calls,
             "backends": dict(sorted(self.backends.items())),
             "tools": tools,
+            "scores": self.scores.as_dict(),
+        }
+
+
+NO_SOURCE = "(no source)"
+"""The ``by_source`` key of records whose row has no ``source`` field."""
+
+
+@dataclass
+class PassRates:
+    """How many scored trajectories passed their checks: overall, per toolset offered, per the
+    row's ``source`` field, and per row (a row with several samples passes if any sample does)."""
+
+    scored: int = 0
+    passed: int = 0
+    value: float = 0.0
+    by_toolset: dict[str, Counter[str]] = field(default_factory=dict)
+    by_source: dict[str, Counter[str]] = field(default_factory=dict)
+    rows: dict[int, bool] = field(default_factory=dict)
+
+    def add(self, record: Record) -> None:
+        score = record.get("score")
+        if not score:
+            return
+        passed = bool(score["passed"])
+        self.scored += 1
+        self.passed += passed
+        self.value += float(score["value"])
+        index = record["prompt_index"]
+        self.rows[index] = self.rows.get(index, False) or passed
+        offered = record.get("toolsets_offered", record["toolsets_used"])
+        groups = [self.by_toolset.setdefault(ts, Counter()) for ts in offered]
+        source = record["metadata"].get("source")
+        groups.append(self.by_source.setdefault(NO_SOURCE if source is None else str(source), Counter()))
+        for group in groups:
+            group["scored"] += 1
+            group["passed"] += passed
+
+    def as_dict(self) -> dict[str, Any]:
+        def rates(groups: dict[str, Counter[str]]) -> dict[str, Any]:
+            return {
+                name: {
+                    "scored": g["scored"],
+                    "passed": g["passed"],
+                    "pass_rate": _ratio(g["passed"], g["scored"]),
+                }
+                for name, g in sorted(groups.items())
+            }
+
+        return {
+            "scored": self.scored,
+            "passed": self.passed,
+            "failed": self.scored - self.passed,
+            "pass_rate": _ratio(self.passed, self.scored),
+            "mean_value": round(self.value / self.scored, 4) if self.scored else None,
+            "rows_scored": len(self.rows),
+            "rows_with_a_pass": sum(self.rows.values()),
+            "by_toolset": rates(self.by_toolset),
+            "by_source": rates(self.by_source),
         }
 
 
@@ -157,6 +218,9 @@ def finalize(
         for item, location in done:
             record = reader.read(location)
             record["prompt_index"] = item.index
+            record["sample"] = item.sample
+            record.setdefault("toolsets_offered", record["toolsets_used"])  # records of older runs
+            record.setdefault("score", None)
             yield record, rejection(record, filters)
 
     try:
@@ -217,7 +281,9 @@ def merge_run(
     invocations = manifest["invocations"]
     statistics = {
         "run_name": manifest.get("run_name"),
-        "dataset_rows": len(paired),
+        "dataset_rows": len({item.index for item, _ in paired}),
+        "samples_per_prompt": _samples_per_prompt(paired),
+        "work_items": len(paired),
         "done": len(paired) - len(pending),
         "pending": len(pending),
         **records,
@@ -243,6 +309,10 @@ def merge_run(
         },
     )
     return statistics
+
+
+def _samples_per_prompt(paired: list[tuple[WorkItem, Location | None]]) -> int:
+    return max((item.sample for item, _ in paired), default=0) + 1
 
 
 def warn_if_all_rejected(statistics: dict[str, Any], config: RunConfig) -> None:

@@ -4,7 +4,7 @@ Built-in plugins (``trajkit/plugins/``) and third-party ones (entry-point group 
 same hooks. A plugin module implements any subset of them with ``@trajkit.hookimpl``; a hook name
 that is not listed here is an error when the plugin manager is built.
 
-Registration hooks (``trajkit_model_clients`` ... ``trajkit_writers``, ``trajkit_executors``,
+Registration hooks (``trajkit_model_clients`` ... ``trajkit_writers``, ``trajkit_scorers``, ``trajkit_executors``,
 ``trajkit_compressors``, ``trajkit_token_counters``) are called once when the run or command builds its registry. Every
 implementation's result is collected; two plugins registering the same ``name`` within one concern
 is an error that names both sources.
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from trajkit.filters import Record, TrajectoryFilter
     from trajkit.model import ModelClient
     from trajkit.sandbox import SandboxBackend
+    from trajkit.scorers import Scorer
     from trajkit.tools import Toolset
     from trajkit.writers import OutputWriter
 
@@ -91,6 +92,22 @@ def trajkit_filters() -> Sequence[type[TrajectoryFilter]]:
         ``enabled_by_default`` run unless ``--no_filter NAME`` turns them off; others run when
         named with ``--filter NAME``. A trajectory is rejected by the first filter, in name
         order, that gives a reason.
+    """
+
+
+@hookspec
+def trajkit_scorers() -> Sequence[type[Scorer]]:
+    """Register scorers: they verify a trajectory against its dataset row's check.
+
+    Called once where sessions run, when the session function is built (each worker of a
+    distributed executor calls it too). Every scorer whose ``fields`` the row carries scores the
+    session after its last turn, in its still-open sandbox, before the sandbox is closed; rows
+    whose check a scorer rejects (``row_problem``) are bad rows, reported before any session.
+
+    :return: :class:`trajkit.scorers.Scorer` subclasses with unique names. All implementations'
+        results are collected; the checks of every scorer that applies are combined into the
+        record's ``score`` (passed when every check passed, value the mean of their values), in
+        name order; two scorers of the same name are an error naming both plugins.
     """
 
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from trajkit.filters import Record, TrajectoryFilter
     from trajkit.model import ModelClient
     from trajkit.sandbox import SandboxBackend
+    from trajkit.scorers import Scorer
     from trajkit.tools import Tool, Toolset
     from trajkit.writers import OutputWriter
 
@@ -42,6 +43,7 @@ DEFAULT_PLUGINS = (
     "trajkit.plugins.toolsets",
     "trajkit.plugins.distributions",
     "trajkit.plugins.filters",
+    "trajkit.plugins.scorers",
     "trajkit.plugins.writers",
     "trajkit.plugins.local_executor",
     "trajkit.plugins.export",
@@ -107,6 +109,10 @@ class PluginHost:
     @cached_property
     def filters(self) -> dict[str, type[TrajectoryFilter]]:
         return self._registry("trajkit_filters", "filter", lambda c: c.name)
+
+    @cached_property
+    def scorers(self) -> dict[str, type[Scorer]]:
+        return self._registry("trajkit_scorers", "scorer", lambda c: c.name)
 
     @cached_property
     def writers(self) -> dict[str, type[OutputWriter]]:
@@ -253,6 +259,7 @@ _REGISTRATION_HOOKS = (
     "trajkit_toolsets",
     "trajkit_distributions",
     "trajkit_filters",
+    "trajkit_scorers",
     "trajkit_writers",
     "trajkit_executors",
     "trajkit_compressors",

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from trajkit.config import RunConfig
-from trajkit.dataset import RowError, WorkItem, check_dataset_file, read_dataset
+from trajkit.dataset import RowError, WorkItem, check_dataset_file, read_dataset, with_samples
 from trajkit.distributions import Distribution
 from trajkit.executor import WorkOrder
 from trajkit.filters import TrajectoryFilter
 from trajkit.ledger import LedgerIndex, Location, assign
 from trajkit.manager import PluginError, PluginHost
+from trajkit.scorers import row_problems
 from trajkit.writers import OutputWriter
 
 log = logging.getLogger("trajkit")
@@ -85,6 +87,7 @@ class Work:
     """The valid rows of the dataset, the backend each runs on, and the rows that cannot run."""
 
     items: list[WorkItem]
+    """A work item per sample of each valid row (``--samples_per_prompt``), a row's together."""
     routes: dict[int, str]
     """Row index -> backend name."""
     row_errors: list[RowError]
@@ -96,7 +99,8 @@ class Work:
 
 
 def read_work(config: RunConfig, host: PluginHost) -> Work:
-    """The dataset's rows (up to ``--max_samples``) routed to backends; invalid rows logged."""
+    """The dataset's rows (up to ``--max_samples``) routed to backends, each row's samples; invalid
+    rows (and rows whose check a scorer cannot use) logged."""
     path = check_dataset_file(config.dataset_file)
     if config.max_samples == 0:
         raise RunError("--max_samples 0 selects no rows")
@@ -104,12 +108,28 @@ def read_work(config: RunConfig, host: PluginHost) -> Work:
     items = items[: config.max_samples]
     routes, route_errors = route(items, config, host)
     row_errors += route_errors
-    items = [item for item in items if item.index in routes]
+    row_errors += check_errors(items, path, host)
+    bad = {error.line for error in row_errors}
+    items = with_samples(
+        [item for item in items if item.index in routes and item.line not in bad], config.samples_per_prompt
+    )
     for error in row_errors:
         log.error("%s", error)
     if not items:
         raise RunError(f"no valid rows in {path}" if row_errors else f"{path} holds only blank lines")
     return Work(items, routes, row_errors)
+
+
+def check_errors(items: list[WorkItem], path: Path, host: PluginHost) -> list[RowError]:
+    """Rows whose check (``check``, ``answer``...) a scorer that applies to them cannot use."""
+    scorers = [cls() for _, cls in sorted(host.scorers.items())]
+    errors = []
+    for item in items:
+        fields = {"prompt": item.row.prompt, **(item.row.extra or {})}
+        problems = row_problems(scorers, fields) if item.row.extra else []
+        if problems:
+            errors.append(RowError(path, item.line, "; ".join(problems)))
+    return errors
 
 
 def route(

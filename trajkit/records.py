@@ -52,6 +52,21 @@ class UsageRecord(BaseModel):
     cost: float | None
 
 
+class CheckRecord(BaseModel):
+    scorer: str
+    passed: bool
+    value: float
+    detail: str
+
+
+class ScoreRecord(BaseModel):
+    passed: bool
+    """Every check passed."""
+    value: float
+    """The mean of the checks' values."""
+    checks: list[CheckRecord]
+
+
 class SandboxRecord(BaseModel):
     backend: str
     image: str | None
@@ -65,12 +80,19 @@ class TrajectoryRecord(BaseModel):
     """prompt_id plus the occurrence number among identical rows: the ledger's key."""
     prompt_id: str
     prompt_index: int
+    sample: int = 0
+    """Which of its row's samples this is (``--samples_per_prompt``); a row's samples share
+    ``prompt_index`` and are next to each other in the outputs."""
     conversations: list[Turn]
     metadata: dict[str, Any]
     completed: bool
     partial: bool
+    """Ended without a final answer: cut off by max_turns (mid tool turn) or by the token limit."""
     api_calls: int
     toolsets_used: list[str]
+    """The offered toolsets of which the model called some tool."""
+    toolsets_offered: list[str] = []
+    """The toolsets drawn for this prompt from the distribution."""
     tools_offered: list[str]
     tool_schemas_key: str | None = None
     """Names the schemas of the offered tools, as the model saw them, in the run's ``tools.json``
@@ -83,6 +105,8 @@ class TrajectoryRecord(BaseModel):
     attempt: int
     finish_reason: str | None
     sandbox: SandboxRecord
+    score: ScoreRecord | None = None
+    """The row's checks (:mod:`trajkit.scorers`), None when the row carries none."""
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
@@ -139,6 +163,9 @@ def trajectory_record(
     image: str | None,
     digest: str | None,
     tool_schemas_key: str | None = None,
+    sample: int = 0,
+    toolsets_offered: list[str] | None = None,
+    score: dict[str, Any] | None = None,
 ) -> TrajectoryRecord:
     """A finished session's record, built and validated through the models."""
     tool_stats, tool_errors = tool_columns(result, list(run_tools))
@@ -147,12 +174,14 @@ def trajectory_record(
         work_id=work_id,
         prompt_id=prompt_id,
         prompt_index=prompt_index,
+        sample=sample,
         conversations=conversation_turns(result.messages),
         metadata=metadata,
         completed=result.completed,
         partial=not result.completed,
         api_calls=result.api_calls,
         toolsets_used=toolsets_used,
+        toolsets_offered=toolsets_used if toolsets_offered is None else toolsets_offered,
         tools_offered=tools_offered,
         tool_schemas_key=tool_schemas_key,
         tool_stats=tool_stats,
@@ -168,6 +197,7 @@ def trajectory_record(
         attempt=attempt,
         finish_reason=result.finish_reason,
         sandbox=SandboxRecord(backend=backend, image=image, digest=digest),
+        score=None if score is None else ScoreRecord.model_validate(score),
     )
 
 
@@ -192,6 +222,9 @@ def record_json(
     image: str | None,
     digest: str | None,
     tool_schemas_key: str | None = None,
+    sample: int = 0,
+    toolsets_offered: list[str] | None = None,
+    score: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``trajectory_record(...).to_json_dict()`` for the same arguments, without building the models.
 
@@ -206,22 +239,27 @@ def record_json(
     conversations, plain = _conversations_json(result.messages)
     tool_stats = _tool_stats_json(result, run_tools)
     metadata_json = _plain_copy(metadata)
-    names = [*tool_stats, *tools_offered, *toolsets_used]
+    offered = toolsets_used if toolsets_offered is None else toolsets_offered
+    score_json = _plain_copy(score)
+    names = [*tool_stats, *tools_offered, *toolsets_used, *offered]
     plain = (
         plain
         and metadata_json is not _NOT_PLAIN
+        and _plain_score(score_json)
         and _plain_scalars(result, duration_s, digest, tool_schemas_key, names)
     )
     record = {
         "work_id": work_id,
         "prompt_id": prompt_id,
         "prompt_index": prompt_index,
+        "sample": sample,
         "conversations": conversations,
         "metadata": metadata_json if plain else metadata,
         "completed": result.completed,
         "partial": not result.completed,
         "api_calls": result.api_calls,
         "toolsets_used": list(toolsets_used),
+        "toolsets_offered": list(offered),
         "tools_offered": list(tools_offered),
         "tool_schemas_key": tool_schemas_key,
         "tool_stats": tool_stats,
@@ -232,10 +270,39 @@ def record_json(
         "attempt": attempt,
         "finish_reason": result.finish_reason,
         "sandbox": {"backend": backend, "image": image, "digest": digest},
+        "score": score_json if plain else score,
     }
     if plain:
         return record
     return TrajectoryRecord.model_validate(record).to_json_dict()
+
+
+_SCORE_KEYS = ("passed", "value", "checks")
+_CHECK_KEYS = ("scorer", "passed", "value", "detail")
+
+
+def _plain_score(score: Any) -> bool:
+    """Whether a score (as :func:`trajkit.scorers.score_session` gives it) is already what the
+    model's dump gives: keys in the model's order, values of their JSON types."""
+    if score is None:
+        return True
+    if score is _NOT_PLAIN or type(score) is not dict or tuple(score) != _SCORE_KEYS:
+        return False
+    checks = score["checks"]
+    return (
+        type(score["passed"]) is bool
+        and type(score["value"]) is float
+        and type(checks) is list
+        and all(
+            type(c) is dict
+            and tuple(c) == _CHECK_KEYS
+            and type(c["scorer"]) is str
+            and type(c["passed"]) is bool
+            and type(c["value"]) is float
+            and type(c["detail"]) is str
+            for c in checks
+        )
+    )
 
 
 def _conversations_json(messages: list[Message]) -> tuple[list[dict[str, Any]], bool]:

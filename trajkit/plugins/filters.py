@@ -1,14 +1,18 @@
-"""The reference quality filters, on by default: no-reasoning and hallucinated-tool."""
+"""The built-in filters: the reference ones on by default (no-reasoning, hallucinated-tool), partial
+(on by default), and passed (opt-in: ``--filter passed``)."""
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from trajkit import hookimpl
 from trajkit.filters import Record, TrajectoryFilter
+from trajkit.settings import StrictSettings
 
 
 @hookimpl
 def trajkit_filters() -> list[type[TrajectoryFilter]]:
-    return [NoReasoning, HallucinatedTool]
+    return [NoReasoning, HallucinatedTool, Partial, Passed]
 
 
 class NoReasoning(TrajectoryFilter):
@@ -44,3 +48,53 @@ class HallucinatedTool(TrajectoryFilter):
         if unknown:
             return f"called tools not offered: {', '.join(unknown)}"
         return None
+
+
+class Partial(TrajectoryFilter):
+    """Rejects a trajectory that ended without a final answer: cut off by ``max_turns`` (its last
+    turn a tool call or its result), by the model's token limit, or otherwise mid tool turn."""
+
+    name = "partial"
+    description = "ended without a final answer (max_turns reached mid tool turn, or cut off)"
+
+    def check(self, record: Record) -> str | None:
+        if not record["partial"]:
+            return None
+        turns = record["conversations"]
+        last = turns[-1]["from"] if turns else None
+        where = {"tool": "after a tool result", "gpt": "on an assistant turn"}.get(last or "", "")
+        finish = record.get("finish_reason")
+        if finish == "max_turns":
+            return f"max_turns reached after {record['api_calls']} model calls, {where}".rstrip(", ")
+        if finish == "length":
+            return "the last answer was cut off by the token limit"
+        return f"ended without a final answer (finish reason {finish!r}) {where}".rstrip()
+
+
+class PassedSettings(StrictSettings):
+    keep_unscored: bool = Field(
+        False, description="Keep trajectories whose row carries no check (only failed checks are rejected)."
+    )
+
+
+class Passed(TrajectoryFilter):
+    """Rejects a trajectory that failed its row's checks (the record's ``score``, see
+    :mod:`trajkit.scorers`), and one whose row has no check unless ``keep_unscored``."""
+
+    name = "passed"
+    description = "keep only trajectories that passed their row's checks"
+    enabled_by_default = False
+    Settings = PassedSettings
+    settings: PassedSettings
+
+    def check(self, record: Record) -> str | None:
+        score = record.get("score")
+        if not score:
+            return None if self.settings.keep_unscored else "not scored: the row has no check"
+        if score["passed"]:
+            return None
+        failed = [c for c in score["checks"] if not c["passed"]]
+        said = "; ".join(
+            f"{c['scorer']}: {c['detail'].splitlines()[0] if c['detail'] else 'failed'}" for c in failed
+        )
+        return f"failed its check ({said[:200]})"
