@@ -160,15 +160,23 @@ def record_calls(record: dict[str, Any]) -> list[tuple[str, str, Any]]:
     ]
 
 
-def key_sets(value: Any, path: str = "") -> Iterator[tuple[str, frozenset[str]]]:
+JSON_VALUED = (".messages[].tool_calls[].function.arguments", ".metadata")
+"""Paths whose values are JSON of any shape, read by ``datasets`` as one ``Json`` column."""
+
+
+def key_sets(value: Any, path: str = "") -> dict[str, frozenset[str]]:
+    return dict(_key_sets(value, path))
+
+
+def _key_sets(value: Any, path: str = "") -> Iterator[tuple[str, frozenset[str]]]:
     """Every dict's key set in a row, by position pattern (list indices collapsed)."""
     if isinstance(value, dict):
         yield path, frozenset(value)
         for key, item in value.items():
-            yield from key_sets(item, f"{path}.{key}")
+            yield from _key_sets(item, f"{path}.{key}")
     elif isinstance(value, list):
         for item in value:
-            yield from key_sets(item, f"{path}[]")
+            yield from _key_sets(item, f"{path}[]")
 
 
 # -- the sharegpt source itself --------------------------------------------------------------
@@ -200,7 +208,9 @@ def test_every_format_loads_with_one_schema_for_every_row(run: Run, fmt: str, tm
     assert dataset["work_id"] == [r["work_id"] for r in run.kept]
     if path.suffix == ".jsonl":
         rows = read_jsonl(path)
-        shapes = [dict(key_sets(row)) for row in rows]
+        shapes = [
+            {p: keys for p, keys in key_sets(row).items() if not p.startswith(JSON_VALUED)} for row in rows
+        ]
         for path_pattern in {p for shape in shapes for p in shape}:
             variants = {shape[path_pattern] for shape in shapes if path_pattern in shape}
             assert len(variants) == 1, (fmt, path_pattern, variants)
@@ -231,9 +241,9 @@ def calls_in(fmt: str, row: dict[str, Any]) -> list[tuple[str, Any]]:
             for b in TOOL_CALL.findall(t["value"])
         ]
         return [(b["name"], b["arguments"]) for b in blocks]
-    if fmt == "openai":
+    if fmt == "openai":  # the arguments object itself, which chat templates render with tojson
         calls = [c["function"] for m in row["messages"] for c in m["tool_calls"] or []]
-        return [(c["name"], sent_arguments(c["arguments"])) for c in calls]
+        return [(c["name"], c["arguments"]) for c in calls]
     return [
         (c["name"], sent_arguments(c["arguments"]))
         for t in row["conversations"]
@@ -253,6 +263,7 @@ def test_hermes_strings_have_their_blocks_in_order(run: Run, tmp_path: Path) -> 
         assert [tool["name"] for tool in listed] == record["tools_offered"]
         assert all(tool["parameters"]["type"] == "object" for tool in listed)
         assert human == {"from": "human", "value": record["conversations"][1]["value"]}
+        assert row["metadata"] == record["metadata"], "the row's own fields, the model, the batch"
 
         source_gpt = [t for t in record["conversations"] if t["from"] == "gpt"]
         assert not source_gpt[-1]["tool_calls"], "the run completed with a final answer"
@@ -292,6 +303,7 @@ def test_openai_messages_are_what_trainers_read(run: Run, tmp_path: Path) -> Non
         tools = json.loads(row["tools"])
         assert [t["function"]["name"] for t in tools] == record["tools_offered"]
         assert all(t["type"] == "function" and "parameters" in t["function"] for t in tools)
+        assert row["metadata"] == record["metadata"]
         messages = row["messages"]
         assert all(set(m) == message_keys for m in messages)
         assert [m["role"] for m in messages][:2] == ["system", "user"]
@@ -300,6 +312,10 @@ def test_openai_messages_are_what_trainers_read(run: Run, tmp_path: Path) -> Non
             if message["role"] == "assistant":
                 assert message["reasoning_content"] == turn["reasoning"]
                 assert all(c["type"] == "function" for c in message["tool_calls"] or [])
+                for call, sent in zip(message["tool_calls"] or [], turn["tool_calls"], strict=True):
+                    arguments = call["function"]["arguments"]
+                    assert canonical(arguments) == canonical(sent_arguments(sent["arguments"]))
+                    assert isinstance(arguments, dict) or arguments == sent["arguments"], "not JSON: as sent"
             if message["role"] == "tool":
                 assert (message["tool_call_id"], message["name"]) == (turn["tool_call_id"], turn["name"])
     distinct = {row["tools"] for row in dataset}
@@ -401,7 +417,7 @@ def test_export_of_an_unknown_format_lists_the_writers(run: Run) -> None:
     result = trajkit("export", str(run.run_dir), "--format", "alpaca", "--out", "/nonexistent/x")
     assert result.returncode == 2
     assert "unknown format 'alpaca'" in result.stderr
-    assert "hermes, openai, parquet, sharegpt" in result.stderr
+    assert "hermes, hf, openai, parquet, sharegpt" in result.stderr
 
 
 def test_export_leaves_nothing_behind_when_it_fails(run: Run, tmp_path: Path) -> None:

@@ -6,6 +6,9 @@ dataset order, so any writer can be fed from it, and ``tools.json`` the tool sch
 (runs made before it take the installed plugins' schemas). The output appears atomically: it is written to
 a temporary file beside the target and renamed into place, so a crash or a bad record never leaves
 a half-written file where a trainer could pick it up.
+
+``--format hf`` writes a directory instead: a Hugging Face dataset saved with ``save_to_disk`` and
+its dataset card (:mod:`trajkit.plugins.hf_export`); ``--out`` names the directory.
 """
 
 from __future__ import annotations
@@ -20,8 +23,12 @@ import click
 from trajkit import hookimpl
 from trajkit.finalize import offer_tool_schemas
 from trajkit.manager import PluginError, PluginHost
-from trajkit.rundir import KEPT_FILE, RunIOError, atomic_replace
+from trajkit.rundir import KEPT_FILE, RunIOError, atomic_replace, read_tool_schemas
 from trajkit.writers import OutputWriter
+
+HF_FORMAT = "hf"
+"""The format that is no writer: a dataset directory (``save_to_disk``) with its card."""
+HF_DIR = "hf_dataset"
 
 
 @hookimpl
@@ -31,25 +38,36 @@ def trajkit_commands(cli: click.Group) -> None:
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.option("--format", "format_name", required=True, help="Output writer, e.g. hermes, openai, parquet.")
+@click.option(
+    "--format",
+    "format_name",
+    required=True,
+    help="Output writer, e.g. hermes, openai, parquet; or hf, a Hugging Face dataset directory with its card.",
+)
 @click.option(
     "--out",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(path_type=Path),
     default=None,
-    help="Output file (default: the writer's file name inside RUN_DIR).",
+    help="Output file, or directory for hf (default: the writer's file name, or hf_dataset, inside RUN_DIR).",
 )
 @click.pass_context
 def export(ctx: click.Context, run_dir: Path, format_name: str, out: Path | None) -> None:
     """Write the kept trajectories of RUN_DIR in another format."""
     host: PluginHost = ctx.find_root().obj
     writers = host.writers
-    if format_name not in writers:
-        raise click.BadParameter(
-            f"unknown format {format_name!r}; writers: {', '.join(sorted(writers))}", param_hint="--format"
-        )
+    if format_name not in writers and format_name != HF_FORMAT:
+        names = ", ".join(sorted([*writers, HF_FORMAT]))
+        raise click.BadParameter(f"unknown format {format_name!r}; formats: {names}", param_hint="--format")
     source = run_dir / KEPT_FILE
     if not source.is_file():
         raise click.ClickException(f"{source} does not exist: RUN_DIR must be a run that has finished once")
+    if format_name == HF_FORMAT:
+        export_hf_dataset(run_dir, source, out if out is not None else run_dir / HF_DIR)
+        return
+    if out is not None and out.is_dir():
+        raise click.BadParameter(
+            f"{out} is a directory; --format {format_name} writes a file", param_hint="--out"
+        )
     try:
         writer = writers[format_name]()
     except PluginError as exc:
@@ -61,6 +79,16 @@ def export(ctx: click.Context, run_dir: Path, format_name: str, out: Path | None
     except RunIOError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{target}: {rows} rows ({format_name})", err=True)
+
+
+def export_hf_dataset(run_dir: Path, source: Path, target: Path) -> None:
+    from trajkit.plugins import hf_export  # datasets is imported only when it is used
+
+    try:
+        rows = hf_export.export_hf(read_records(source), run_dir, target, read_tool_schemas(run_dir))
+    except (hf_export.HFExportError, RunIOError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{target}: {rows} rows (hf dataset, card in {target / 'README.md'})", err=True)
 
 
 def export_records(writer: OutputWriter, records: Iterator[dict[str, Any]], target: Path) -> int:

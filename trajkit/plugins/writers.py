@@ -3,10 +3,17 @@
 Trainers load these files through Arrow (``datasets.load_dataset``), which keeps one type per
 column: a column whose shape differs between rows fails to load, or loads as a union of every
 shape with nulls filled in. So the writers give every row of a run the same columns with the
-same types: values whose shape varies between rows (tool-call arguments, tool schemas) travel as
-JSON strings, and every key is present in every row, null where it does not apply. The one part a
-run does not control is the dataset's own extra fields in ``metadata``: ``sharegpt`` keeps them as
-given (it is the run's record of truth), ``parquet`` stores them as a JSON string.
+same types, and every key is present in every row, null where it does not apply. Values whose
+shape varies between rows are handled one of two ways:
+
+- As JSON strings: the offered tools' schemas (``tools`` in the ``openai`` rows), and everything
+  variable in the ``parquet`` rows. One string column, any content.
+- As JSON values that ``datasets`` (5 and later) types as ``Json`` (stored as JSON text, handed
+  back as the object): the tool-call ``arguments`` of the ``openai`` rows, because the chat
+  templates of Qwen2.5, Llama 3.1 and Mistral apply ``tojson`` to them unconditionally and a
+  string would come out double-encoded; and ``metadata`` (the row's own fields, any names and
+  types), kept in every format. ``trajkit export --format hf`` declares these features
+  explicitly, so the saved dataset does not depend on inference.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ SCALAR_FIELDS = (
     "work_id",
     "prompt_id",
     "prompt_index",
+    "sample",
     "completed",
     "partial",
     "api_calls",
@@ -42,6 +50,10 @@ SCALAR_FIELDS = (
     "finish_reason",
 )
 """Record fields that the derived formats (hermes, openai) carry beside the conversation."""
+
+CARRIED_FIELDS = ("metadata", "score")
+"""Record fields of several parts that the derived formats carry too: the row's own fields and the
+model; the checks' score (null when the row has no checks)."""
 
 
 @hookimpl
@@ -70,7 +82,11 @@ def write_jsonl(rows: Iterable[Mapping[str, Any]], path: Path) -> int:
 
 
 def scalar_fields(record: Record) -> dict[str, Any]:
-    return {key: record.get(key) for key in SCALAR_FIELDS}
+    """The record fields a derived row carries beside its conversation (:data:`SCALAR_FIELDS`,
+    :data:`CARRIED_FIELDS`); a field that records of older runs lack is null, or 0 for ``sample``."""
+    row = {key: record.get(key) for key in (*CARRIED_FIELDS, *SCALAR_FIELDS)}
+    row["sample"] = record.get("sample", 0)
+    return row
 
 
 # -- writers that render the offered tools --------------------------------------------------------
@@ -243,19 +259,26 @@ OPENAI_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "tool":
 
 class OpenAIWriter(ToolSchemaWriter):
     """OpenAI chat messages plus a ``tools`` column: what TRL's SFTTrainer and Axolotl's
-    ``chat_template`` dataset type read.
+    ``chat_template`` dataset type read, rendered correctly by the model families' own chat
+    templates (``tests/test_chat_templates.py`` renders the rows through Qwen2.5, Qwen3,
+    Llama 3.1, Hermes 2 Pro, Hermes 3 and Mistral templates).
 
     Schema choices, each so that every row has one Arrow type per column and both trainers accept it:
 
-    - ``tools`` is a JSON string of the offered tools' schemas. Their parameter objects differ
-      between tools and the toolsets differ between rows, so as nested objects they would not form
-      one Arrow type. TRL's SFTTrainer and Axolotl's chat_template loader both ``json.loads`` a
-      string ``tools`` value before handing it to the chat template.
-    - ``function.arguments`` is the JSON string the model sent (the OpenAI wire format), for the
-      same reason; Axolotl decodes it for the template, and templates that take strings use it as is.
+    - ``function.arguments`` is the arguments object the model sent, not the JSON string of the
+      OpenAI wire format: Qwen2.5's, Llama 3.1's and Mistral's templates apply ``tojson`` to it
+      whatever it is, so a string comes out double-encoded (a quoted string where the model wrote
+      an object). Arguments that were not JSON at all stay the string the model sent. Objects of
+      different tools have different keys and types; ``datasets`` (5 and later) reads such a
+      column as one ``Json`` column and hands each row its own object back, unchanged (no keys
+      of other rows filled in with nulls). The exact text the model sent is in ``trajectories.jsonl``.
+    - ``tools`` is a JSON string of the offered tools' schemas. TRL's SFTTrainer and Axolotl's
+      chat_template loader both ``json.loads`` a string ``tools`` value before handing it to
+      the chat template.
     - Reasoning goes in ``reasoning_content``: Axolotl's default thinking field, and the key that
       reasoning chat templates (Qwen3, DeepSeek-R1 style) read; a template without reasoning
       ignores it. Dropping it would throw away what the reasoning filter kept the row for.
+    - ``metadata`` is the record's (the row's own fields, the model, the batch), as in sharegpt.
     - Every message has every key (null where it does not apply); both trainers drop null keys
       before templating, so a message looks to the template exactly like an OpenAI message.
     """
@@ -277,7 +300,11 @@ class OpenAIWriter(ToolSchemaWriter):
 
 def openai_message(turn: Mapping[str, Any]) -> dict[str, Any]:
     calls = [
-        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+        {
+            "id": c["id"],
+            "type": "function",
+            "function": {"name": c["name"], "arguments": _arguments(c["arguments"])},
+        }
         for c in turn.get("tool_calls") or []
     ]
     return {
@@ -342,6 +369,9 @@ def _batches(records: Iterable[Record], max_rows: int, max_bytes: int) -> Iterat
 
 def parquet_row(record: Record) -> dict[str, Any]:
     return {
+        "sample": 0,  # records of runs made before samples per prompt
+        "toolsets_offered": record["toolsets_used"],
+        "score": None,
         **record,
         "metadata": json.dumps(record["metadata"], ensure_ascii=False, sort_keys=True),
         "tool_stats": [{"tool": name, **stat} for name, stat in sorted(record["tool_stats"].items())],
@@ -370,12 +400,14 @@ def parquet_schema(pa: Any) -> Any:
             ("work_id", pa.string()),
             ("prompt_id", pa.string()),
             ("prompt_index", pa.int64()),
+            ("sample", pa.int64()),
             ("conversations", pa.list_(turn)),
             ("metadata", pa.string()),
             ("completed", pa.bool_()),
             ("partial", pa.bool_()),
             ("api_calls", pa.int64()),
             ("toolsets_used", pa.list_(pa.string())),
+            ("toolsets_offered", pa.list_(pa.string())),
             ("tools_offered", pa.list_(pa.string())),
             ("tool_schemas_key", pa.string()),
             ("tool_stats", pa.list_(pa.struct([("tool", pa.string()), *counts]))),
@@ -399,8 +431,17 @@ def parquet_schema(pa: Any) -> Any:
                 "sandbox",
                 pa.struct([("backend", pa.string()), ("image", pa.string()), ("digest", pa.string())]),
             ),
+            ("score", score_type(pa)),
         ]
     )
+
+
+def score_type(pa: Any) -> Any:
+    """The Arrow type of a record's ``score`` (null when the row has no checks)."""
+    check = pa.struct(
+        [("scorer", pa.string()), ("passed", pa.bool_()), ("value", pa.float64()), ("detail", pa.string())]
+    )
+    return pa.struct([("passed", pa.bool_()), ("value", pa.float64()), ("checks", pa.list_(check))])
 
 
 PARQUET_MISSING = "the parquet writer needs pyarrow: pip install 'trajkit[parquet]'"
