@@ -163,7 +163,18 @@ def charts(run: RunFiles, seen: Trajectories) -> dict[str, Any]:
         "failure_samples": samples,
         "rejections": top_counts(seen.reasons, TOP_REASONS),
         "backends": [{"name": k, "count": v} for k, v in (s.get("backends") or {}).items()],
+        "pass_rates": pass_rates(s),
     }
+
+
+def pass_rates(statistics: dict[str, Any]) -> list[dict[str, Any]]:
+    """Scored trajectories and how many passed their checks, per toolset offered and per source."""
+    scores = statistics.get("scores") or {}
+    return [
+        {"group": group, "name": name, "scored": g.get("scored", 0), "passed": g.get("passed", 0)}
+        for group, key in (("toolset", "by_toolset"), ("source", "by_source"))
+        for name, g in (scores.get(key) or {}).items()
+    ]
 
 
 def missing_kept_note(run: RunFiles) -> str | None:
@@ -214,6 +225,9 @@ def browser_entry(status: str, reason: str | None, record: dict[str, Any]) -> di
         "image": sandbox.get("image"),
         "tools": sorted(n for n, st in (record.get("tool_stats") or {}).items() if st.get("count")),
         "toolsets": record.get("toolsets_used") or [],
+        "toolsets_offered": record.get("toolsets_offered") or record.get("toolsets_used") or [],
+        "sample": record.get("sample", 0),
+        "score": record.get("score"),
         "api_calls": record.get("api_calls"),
         "tokens": usage.get("total_tokens"),
         "cost": usage.get("cost"),

@@ -55,6 +55,11 @@ function renderSummary() {
     ["wall time", dur(s.wall_seconds)], ["invocations", fmt(s.invocations)],
     ["invalid tool calls", fmt(s.invalid_tool_calls)],
   ];
+  const sc = s.scores || {};
+  if (sc.scored) {
+    cards.push(["pass rate", pct(sc.pass_rate), sc.pass_rate === 1 ? "ok" : (sc.passed ? "warn" : "bad")],
+      ["passed / scored", `${fmt(sc.passed)} / ${fmt(sc.scored)}`]);
+  }
   const box = document.getElementById("summary");
   for (const [label, value, cls] of cards) {
     box.append(el("div", {class: "card", "data-key": label},
@@ -168,6 +173,14 @@ function renderCharts() {
 
   barsChart(chartBox("chart-rejections", "Rejections by reason"), c.rejections.map(r => ({
     label: r.name, note: fmt(r.count), parts: [{value: r.count, cls: "bad", title: `${r.name}: ${fmt(r.count)}`}]})), true);
+  const rates = c.pass_rates || [];
+  if (rates.length) {
+    barsChart(chartBox("chart-pass-rates", "Pass rate of the rows' checks, by toolset offered and by source",
+      [["ok", "passed"], ["bad", "failed"]]), rates.map(r => ({
+      label: `${r.group} ${r.name}`, note: `${pct(r.passed / r.scored)} of ${fmt(r.scored)}`, parts: [
+        {value: r.passed, cls: "ok", title: `${r.group} ${r.name}: ${fmt(r.passed)} passed`},
+        {value: r.scored - r.passed, cls: "bad", title: `${r.group} ${r.name}: ${fmt(r.scored - r.passed)} failed`}]})));
+  }
   const total = c.backends.reduce((a, b) => a + b.count, 0);
   barsChart(chartBox("chart-backends", "Sandbox backends"), c.backends.map(b => ({
     label: b.name, note: `${fmt(b.count)} · ${pct(b.count / total)}`,
@@ -264,8 +277,13 @@ function renderDetail(t) {
   const facts = [["work id", t.work_id], ["completed", t.completed ? "yes" : "no (partial)"],
     ["finish reason", t.finish_reason], ["api calls", fmt(t.api_calls)], ["tokens", fmt(t.tokens)],
     ["cost", t.cost === null ? "not reported" : "$" + Number(t.cost).toFixed(5)], ["duration", dur(t.duration_s)],
-    ["backend", t.backend + (t.image ? ` (${t.image})` : "")], ["toolsets", t.toolsets.join(", ")],
+    ["backend", t.backend + (t.image ? ` (${t.image})` : "")], ["sample", fmt(t.sample)],
+    ["toolsets offered", t.toolsets_offered.join(", ")], ["toolsets used", t.toolsets.join(", ") || "none"],
     ["tools called", t.tools.join(", ") || "none"]];
+  if (t.score) {
+    facts.push(["score", `${t.score.passed ? "passed" : "failed"} (${t.score.value})`]);
+    for (const c of t.score.checks) facts.push([`check: ${c.scorer}`, `${c.passed ? "passed" : "failed"}: ${c.detail}`]);
+  }
   for (const [k, v] of Object.entries(t.metadata)) facts.push([k, typeof v === "string" ? v : JSON.stringify(v)]);
   const dl = el("dl");
   for (const [k, v] of facts) dl.append(el("dt", {}, k), el("dd", {}, v));

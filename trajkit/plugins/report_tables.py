@@ -44,6 +44,9 @@ def stats_tables(run: RunFiles) -> list[Table]:
     if failures.get("failed_attempts_by_class"):
         tables.append(failures_table(failures))
     tables += [tools_table(s.get("tools") or {}), backends_table(s.get("backends") or {})]
+    scores = s.get("scores") or {}
+    if scores.get("scored"):
+        tables.append(pass_rates_table(scores))
     tables.append(client_table(s.get("model_client") or {}))
     return tables
 
@@ -89,6 +92,12 @@ def summary_rows(run: RunFiles) -> list[tuple[str, str]]:
         ("model requests sent", number((s.get("spent") or {}).get("requests"))),
         ("invalid tool calls", number(s.get("invalid_tool_calls"))),
     ]
+    scores = s.get("scores") or {}
+    if scores.get("scored"):
+        rows.append(("passed / scored", f"{number(scores.get('passed'))} / {number(scores.get('scored'))}"))
+        rows.append(("pass rate", percent(scores.get("pass_rate"))))
+    if (s.get("samples_per_prompt") or 1) > 1:
+        rows.insert(2, ("samples per prompt", number(s["samples_per_prompt"])))
     if s.get("bad_ledger_lines"):
         rows.append(("bad ledger lines (prompts ran again)", number(s["bad_ledger_lines"])))
     return rows
@@ -122,6 +131,22 @@ def tools_table(tools: dict[str, Any]) -> Table:
             number(stat.get("failure")),
             percent(stat.get("success_rate")),
         )
+    return table
+
+
+def pass_rates_table(scores: dict[str, Any]) -> Table:
+    table = _table("pass rate of the rows' checks", ("group", "scored", "passed", "pass rate"))
+    table.add_row(
+        "all", number(scores.get("scored")), number(scores.get("passed")), percent(scores.get("pass_rate"))
+    )
+    for label, key in (("toolset", "by_toolset"), ("source", "by_source")):
+        for name, group in (scores.get(key) or {}).items():
+            table.add_row(
+                f"{label} {name}",
+                number(group.get("scored")),
+                number(group.get("passed")),
+                percent(group.get("pass_rate")),
+            )
     return table
 
 
