@@ -8,8 +8,11 @@ and hand every row back exactly as the ``openai`` export has it.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +164,123 @@ def test_size_categories_follow_the_hub_s_names() -> None:
         "10K<n<100K",
         "1M<n<10M",
     ]
+
+
+# -- --push_to_hub, against a local stand-in for the Hub (HF_ENDPOINT) ---------------------------
+
+
+class StandInHub:
+    """The few Hub API routes an upload of small files takes: create the repository, validate
+    the card's YAML, ask how to upload each file (every one "regular": inline in the commit), and
+    commit. Records every request; keeps the committed files by path."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, str | None]] = []
+        self.files: dict[str, bytes] = {}
+        self.repos: list[dict[str, Any]] = []
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _reply(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                hub.requests.append(("GET", self.path, self.headers.get("authorization")))
+                self._reply(404, {"error": "not here"})
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                hub.requests.append(("POST", self.path, self.headers.get("authorization")))
+                if self.path == "/api/repos/create":
+                    repo = json.loads(body)
+                    hub.repos.append(repo)
+                    self._reply(200, {"url": f"{hub.url}/datasets/{repo['organization']}/{repo['name']}"})
+                elif self.path == "/api/validate-yaml":
+                    self._reply(200, {"warnings": []})
+                elif "/preupload/" in self.path:
+                    files = json.loads(body)["files"]
+                    modes = [
+                        {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files
+                    ]
+                    self._reply(200, {"files": modes})
+                elif "/commit/" in self.path:
+                    for line in body.decode().splitlines():
+                        entry = json.loads(line)
+                        if entry["key"] == "file":
+                            hub.files[entry["value"]["path"]] = base64.b64decode(entry["value"]["content"])
+                    oid = "0" * 40
+                    self._reply(200, {"commitUrl": f"{hub.url}/datasets/me/x/commit/{oid}", "commitOid": oid})
+                else:
+                    self._reply(404, {"error": "not here"})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> StandInHub:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def hub_env(hub: StandInHub, tmp_path: Path, token: str | None) -> dict[str, str]:
+    env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    if token is not None:
+        env["HF_TOKEN"] = token
+    return env
+
+
+def test_push_to_hub_uploads_the_dataset_and_its_card(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "dataset"
+    with StandInHub() as hub:
+        result = trajkit(
+            "export", str(run_dir), "--format", "hf", "--out", str(out), "--push_to_hub", "me/trajectories",
+            env=hub_env(hub, tmp_path, "hf_standin_token"),
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "pushed to me/trajectories" in result.stderr
+    assert hub.repos == [{"name": "trajectories", "organization": "me", "type": "dataset"}]
+    assert set(hub.files) == {p.name for p in out.iterdir()}, "the whole directory, card included"
+    assert all(hub.files[name] == (out / name).read_bytes() for name in hub.files)
+    writes = [(method, path, auth) for method, path, auth in hub.requests if method == "POST"]
+    assert all(auth == "Bearer hf_standin_token" for _, _, auth in writes)
+    assert any(path == "/api/datasets/me/trajectories/commit/main" for _, path, _ in writes)
+
+
+def test_push_to_hub_without_a_token_says_so_and_keeps_the_export(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "dataset"
+    with StandInHub() as hub:
+        result = trajkit(
+            "export", str(run_dir), "--format", "hf", "--out", str(out), "--push_to_hub", "me/trajectories",
+            env={**hub_env(hub, tmp_path, None), "HF_TOKEN": ""},
+        )  # fmt: skip
+    assert result.returncode == 1
+    assert "no Hugging Face token is configured" in result.stderr
+    assert not [r for r in hub.requests if r[0] == "POST"], "nothing sent"
+    assert datasets.load_from_disk(str(out)).num_rows > 0
+
+
+def test_push_to_hub_is_for_the_hf_format_only(run_dir: Path, tmp_path: Path) -> None:
+    result = trajkit(
+        "export",
+        str(run_dir),
+        "--format",
+        "openai",
+        "--out",
+        str(tmp_path / "x.jsonl"),
+        "--push_to_hub",
+        "me/x",
+    )
+    assert result.returncode == 2
+    assert "only --format hf can be pushed" in result.stderr

@@ -50,19 +50,30 @@ def trajkit_commands(cli: click.Group) -> None:
     default=None,
     help="Output file, or directory for hf (default: the writer's file name, or hf_dataset, inside RUN_DIR).",
 )
+@click.option(
+    "--push_to_hub",
+    "push_repo",
+    default=None,
+    metavar="REPO",
+    help="With --format hf: upload the dataset to this Hub dataset repository (needs a configured token).",
+)
 @click.pass_context
-def export(ctx: click.Context, run_dir: Path, format_name: str, out: Path | None) -> None:
+def export(
+    ctx: click.Context, run_dir: Path, format_name: str, out: Path | None, push_repo: str | None
+) -> None:
     """Write the kept trajectories of RUN_DIR in another format."""
     host: PluginHost = ctx.find_root().obj
     writers = host.writers
     if format_name not in writers and format_name != HF_FORMAT:
         names = ", ".join(sorted([*writers, HF_FORMAT]))
         raise click.BadParameter(f"unknown format {format_name!r}; formats: {names}", param_hint="--format")
+    if push_repo is not None and format_name != HF_FORMAT:
+        raise click.BadParameter("only --format hf can be pushed to the Hub", param_hint="--push_to_hub")
     source = run_dir / KEPT_FILE
     if not source.is_file():
         raise click.ClickException(f"{source} does not exist: RUN_DIR must be a run that has finished once")
     if format_name == HF_FORMAT:
-        export_hf_dataset(run_dir, source, out if out is not None else run_dir / HF_DIR)
+        export_hf_dataset(run_dir, source, out if out is not None else run_dir / HF_DIR, push_repo)
         return
     if out is not None and out.is_dir():
         raise click.BadParameter(
@@ -81,14 +92,17 @@ def export(ctx: click.Context, run_dir: Path, format_name: str, out: Path | None
     click.echo(f"{target}: {rows} rows ({format_name})", err=True)
 
 
-def export_hf_dataset(run_dir: Path, source: Path, target: Path) -> None:
+def export_hf_dataset(run_dir: Path, source: Path, target: Path, push_repo: str | None = None) -> None:
     from trajkit.plugins import hf_export  # datasets is imported only when it is used
 
     try:
         rows = hf_export.export_hf(read_records(source), run_dir, target, read_tool_schemas(run_dir))
+        click.echo(f"{target}: {rows} rows (hf dataset, card in {target / 'README.md'})", err=True)
+        if push_repo is not None:
+            url = hf_export.push_to_hub(target, push_repo, f"trajkit export of {run_dir.name}: {rows} rows")
+            click.echo(f"pushed to {push_repo}: {url}", err=True)
     except (hf_export.HFExportError, RunIOError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"{target}: {rows} rows (hf dataset, card in {target / 'README.md'})", err=True)
 
 
 def export_records(writer: OutputWriter, records: Iterator[dict[str, Any]], target: Path) -> int:

@@ -12,10 +12,9 @@ with their features declared, not inferred: tool-call ``arguments`` and ``metada
 dataset has one schema whatever tools and metadata its rows have. The directory appears whole: it
 is built beside the target and renamed into place, replacing an earlier export.
 
-Pushing to the Hub is not done here: ``huggingface_hub``'s upload path (pre-upload, Xet or LFS
-storage, commit) cannot be pointed at a local stand-in server simply enough to test it honestly,
-so ``datasets.load_from_disk(DIR).push_to_hub(REPO)`` (or ``huggingface-cli upload``) is left to
-the user.
+``--push_to_hub REPO`` then uploads the directory, as it is, to the dataset repository REPO
+(created if missing) with ``huggingface_hub``, when a token is configured (``HF_TOKEN`` or a stored
+login); ``HF_ENDPOINT`` points it at another Hub, which is how the tests reach a local stand-in.
 """
 
 from __future__ import annotations
@@ -137,6 +136,33 @@ def export_hf(
     finally:
         shutil.rmtree(build, ignore_errors=True)
     return count
+
+
+HUB_MISSING = "--push_to_hub needs huggingface_hub: pip install huggingface_hub"
+
+
+def push_to_hub(folder: Path, repo: str, commit_message: str) -> str:
+    """Upload ``folder`` to the dataset repository ``repo``; return the commit's URL."""
+    try:
+        from huggingface_hub import HfApi, get_token
+        from huggingface_hub.errors import HfHubHTTPError
+    except ImportError as exc:
+        raise HFExportError(f"{HUB_MISSING} ({exc})") from None
+    token = get_token()
+    if not token:
+        raise HFExportError(
+            "--push_to_hub: no Hugging Face token is configured (set HF_TOKEN or log in with `hf auth login`); "
+            f"the dataset is in {folder}"
+        )
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo, repo_type="dataset", exist_ok=True)
+        info = api.upload_folder(
+            folder_path=str(folder), repo_id=repo, repo_type="dataset", commit_message=commit_message
+        )
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise HFExportError(f"--push_to_hub {repo}: {exc} (the dataset is in {folder})") from None
+    return str(info)
 
 
 def _replace_dir(new: Path, target: Path) -> None:
