@@ -96,7 +96,7 @@ def test_a_worker_node_killed_mid_run_loses_nothing_and_runs_nothing_twice(
             "run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(tmp_path),
             "--model", "m", "--base_url", server.base_url, "--quiet",
             "--executor", "ray", "--ray_address", cluster.address, "--ray.actors_per_node", "1",
-            "--ray.batch_wait", "0.01", "--ray.poll_interval", "0.5",
+            "--ray.batch_wait", "0.01", "--ray.poll_interval", "0.5", "--ray.lost_permits_after", "30",
             "--num_workers", "30", "--max_concurrent_requests", str(limit),
             "--sandbox_option", f"local.root={sandboxes}", "--sandbox_option", "local.isolation=none",
             env=RAY_ENV, timeout=240,

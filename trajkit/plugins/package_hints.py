@@ -1,4 +1,5 @@
-"""Which package provides the sandbox backends that live outside the core, for "not installed" errors."""
+"""Which package provides the sandbox backends and executors that live outside the core, for "not
+installed" errors."""
 
 from __future__ import annotations
 
@@ -7,4 +8,9 @@ from trajkit import hookimpl
 
 @hookimpl
 def trajkit_package_hints() -> dict[str, str]:
-    return {"docker": "trajkit-docker", "modal": "trajkit-modal", "singularity": "trajkit-singularity"}
+    return {
+        "docker": "trajkit-docker",
+        "modal": "trajkit-modal",
+        "singularity": "trajkit-singularity",
+        "ray": "trajkit-ray",
+    }
