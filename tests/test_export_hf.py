@@ -284,3 +284,22 @@ def test_push_to_hub_is_for_the_hf_format_only(run_dir: Path, tmp_path: Path) ->
     )
     assert result.returncode == 2
     assert "only --format hf can be pushed" in result.stderr
+
+
+def test_hf_export_without_datasets_names_the_package(run_dir: Path, tmp_path: Path) -> None:
+    fake = tmp_path / "site" / "datasets"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('datasets is not installed here')\n")
+    out = tmp_path / "dataset"
+    result = trajkit(
+        "export",
+        str(run_dir),
+        "--format",
+        "hf",
+        "--out",
+        str(out),
+        env={"PYTHONPATH": str(tmp_path / "site")},
+    )
+    assert result.returncode == 1
+    assert "pip install 'datasets>=5'" in result.stderr
+    assert not out.exists()
