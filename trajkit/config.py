@@ -52,7 +52,10 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dataset_file: Path | None = None
-    """JSONL file, one {"prompt": ...} per line (required)."""
+    """JSONL file, one {"prompt": ...} per line (required); or a Parquet, CSV or JSON (an array of
+    objects) file, or a Hugging Face dataset directory saved with save_to_disk."""
+    prompt_field: str = Field("prompt", min_length=1)
+    """The dataset's column that holds the prompt."""
     run_name: str = "run"
     """Names the run directory under --output_dir (required)."""
     output_dir: Path = Path("data")

@@ -7,6 +7,8 @@ number (and with ``--samples_per_prompt N``, each row is N work items, numbered 
 
 from __future__ import annotations
 
+import csv
+import functools
 import hashlib
 import json
 from collections.abc import Iterator
@@ -88,14 +90,44 @@ class WorkItem:
 class RowError:
     path: Path
     line: int
+    """The line of a JSONL file, or the 1-based row of a table (Parquet, CSV, a JSON array, an HF dataset)."""
     message: str
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}"
+        if dataset_kind(self.path) in _LINE_FORMATS:
+            return f"{self.path}:{self.line}: {self.message}"
+        return f"{self.path}: row {self.line}: {self.message}"
 
 
 class DatasetError(ValueError):
     """The dataset cannot be run at all; the message names the file and what is wrong."""
+
+
+HF_DATASET_FILES = ("dataset_info.json", "dataset_dict.json")
+"""What a directory written by ``datasets``' ``save_to_disk`` holds (a dataset, or a dict of splits)."""
+_LINE_FORMATS = ("jsonl", "json lines")
+
+
+@functools.lru_cache(maxsize=64)
+def dataset_kind(path: Path) -> str:
+    """``jsonl``, ``json lines``, ``json`` (an array of objects), ``csv``, ``parquet`` or ``hf``
+    (a dataset directory saved with ``save_to_disk``), from the path alone (and a ``.json``
+    file's first character)."""
+    if path.is_dir():
+        return "hf"
+    suffix = path.suffix.lower()
+    if suffix in {".parquet", ".pq"}:
+        return "parquet"
+    if suffix == ".csv":
+        return "csv"
+    if suffix == ".json":
+        try:
+            with path.open("rb") as handle:
+                head = handle.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+        except OSError:
+            return "json lines"
+        return "json" if head.startswith(b"[") else "json lines"
+    return "jsonl"
 
 
 def check_dataset_file(path: Path | None) -> Path:
@@ -103,7 +135,12 @@ def check_dataset_file(path: Path | None) -> Path:
     if path is None:
         raise DatasetError("no dataset file given (--dataset_file)")
     if path.is_dir():
-        raise DatasetError(f"dataset file {path} is a directory; name the JSONL file inside it")
+        if any((path / name).is_file() for name in HF_DATASET_FILES):
+            return path
+        raise DatasetError(
+            f"dataset file {path} is a directory; name the JSONL (or Parquet, CSV, JSON) file inside it, "
+            "or a Hugging Face dataset directory saved with save_to_disk"
+        )
     if not path.exists():
         raise DatasetError(f"dataset file {path} does not exist")
     if not path.is_file():
@@ -113,40 +150,43 @@ def check_dataset_file(path: Path | None) -> Path:
     return path
 
 
-def read_dataset(path: Path) -> tuple[list[WorkItem], list[RowError]]:
-    """Parse every line; bad lines become errors naming file and line, the good ones still run."""
+def read_dataset(path: Path, prompt_field: str = "prompt") -> tuple[list[WorkItem], list[RowError]]:
+    """Parse every row (of a JSONL, JSON, CSV or Parquet file, or a dataset saved by ``datasets``);
+    bad rows become errors naming file and line (or row), the good ones still run.
+
+    ``prompt_field`` names the column that holds the prompt (it becomes the row's ``prompt``).
+    """
     items: list[WorkItem] = []
     errors: list[RowError] = []
     seen: dict[str, int] = {}
-    for line_number, raw in _lines(path):
-        if isinstance(raw, UnicodeDecodeError):
-            errors.append(
-                RowError(path, line_number, f"invalid UTF-8 ({raw.reason} at byte {raw.start + 1})")
-            )
+    for number, data in _rows(path):
+        if isinstance(data, str):
+            errors.append(RowError(path, number, data))
             continue
-        if not raw.strip():
-            continue
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            errors.append(RowError(path, line_number, f"invalid JSON: {exc.msg} at column {exc.colno}"))
-            continue
-        if not isinstance(data, dict):
-            errors.append(RowError(path, line_number, f"expected a JSON object, got {type(data).__name__}"))
-            continue
+        if prompt_field != "prompt":
+            if prompt_field not in data:
+                errors.append(
+                    RowError(path, number, f"missing required field '{prompt_field}' (--prompt_field)")
+                )
+                continue
+            prompt = data[prompt_field]
+            data = {key: value for key, value in data.items() if key != prompt_field}
+            if "prompt" in data:  # the table's own 'prompt' column is kept, under another name
+                data["prompt_original"] = data.pop("prompt")
+            data["prompt"] = prompt
         try:
             valid = DatasetRow.model_validate(data)
         except ValidationError as exc:
-            errors.append(RowError(path, line_number, _describe(exc)))
+            errors.append(RowError(path, number, _describe(exc, prompt_field)))
             continue
         if not valid.prompt.strip():
-            errors.append(RowError(path, line_number, "'prompt' is empty"))
+            errors.append(RowError(path, number, f"'{prompt_field}' is empty"))
             continue
         row = PlannedRow(valid.prompt, valid.image, valid.cwd, valid.backend, valid.model_extra or None)
         identity = prompt_id(row.prompt, row.image, row.cwd, row.backend)
         occurrence = seen.get(identity, 0)
         seen[identity] = occurrence + 1
-        items.append(WorkItem(line_number - 1, line_number, row, identity, occurrence))
+        items.append(WorkItem(number - 1, number, row, identity, occurrence))
     return items, errors
 
 
@@ -164,6 +204,112 @@ def with_samples(items: list[WorkItem], samples: int) -> list[WorkItem]:
     return expanded
 
 
+Row = tuple[int, dict[str, Any] | str]
+"""A row's number (its line in a JSONL file, else its 1-based position) and its fields, or what is
+wrong with it."""
+
+
+def _rows(path: Path) -> Iterator[Row]:
+    kind = dataset_kind(path)
+    if kind == "parquet":
+        return _parquet_rows(path)
+    if kind == "csv":
+        return _csv_rows(path)
+    if kind == "json":
+        return _json_array_rows(path)
+    if kind == "hf":
+        return _hf_rows(path)
+    return _jsonl_rows(path)
+
+
+def _jsonl_rows(path: Path) -> Iterator[Row]:
+    for line_number, raw in _lines(path):
+        if isinstance(raw, UnicodeDecodeError):
+            yield line_number, f"invalid UTF-8 ({raw.reason} at byte {raw.start + 1})"
+            continue
+        if not raw.strip():
+            continue
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            yield line_number, f"invalid JSON: {exc.msg} at column {exc.colno}"
+            continue
+        if not isinstance(data, dict):
+            yield line_number, f"expected a JSON object, got {type(data).__name__}"
+            continue
+        yield line_number, data
+
+
+def _json_array_rows(path: Path) -> Iterator[Row]:
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise DatasetError(
+            f"dataset file {path} is not UTF-8 ({exc.reason} at byte {exc.start + 1})"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise DatasetError(
+            f"dataset file {path}: invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    if not isinstance(data, list):
+        raise DatasetError(
+            f"dataset file {path}: expected an array of JSON objects, got {type(data).__name__}"
+        )
+    for number, row in enumerate(data, start=1):
+        yield number, row if isinstance(row, dict) else f"expected a JSON object, got {type(row).__name__}"
+
+
+def _csv_rows(path: Path) -> Iterator[Row]:
+    """CSV with a header row; empty cells are missing values (CSV cannot tell them apart)."""
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            for number, row in enumerate(csv.DictReader(handle), start=1):
+                if None in row:
+                    yield number, f"{len(row[None])} more cells than the header has columns"
+                    continue
+                yield number, {key: (value if value != "" else None) for key, value in row.items()}
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"dataset file {path} is not UTF-8 ({exc.reason})") from None
+    except csv.Error as exc:
+        raise DatasetError(f"dataset file {path}: not CSV: {exc}") from None
+
+
+def _parquet_rows(path: Path) -> Iterator[Row]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DatasetError(f"reading {path} needs pyarrow: pip install 'trajkit[parquet]'") from None
+    try:
+        parquet = pq.ParquetFile(str(path))
+    except Exception as exc:
+        raise DatasetError(f"dataset file {path} is not a Parquet file: {exc}") from None
+    number = 0
+    for batch in parquet.iter_batches(batch_size=4096):
+        for row in batch.to_pylist():
+            number += 1
+            yield number, row
+
+
+def _hf_rows(path: Path) -> Iterator[Row]:
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError(f"reading {path} needs the datasets package: pip install datasets") from None
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as exc:
+        raise DatasetError(f"{path} is not a dataset saved with save_to_disk: {exc}") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        splits = sorted(loaded)
+        if len(splits) != 1:
+            raise DatasetError(
+                f"{path} holds the splits {', '.join(splits)}: name one, e.g. --dataset_file {path / splits[0]}"
+            )
+        loaded = loaded[splits[0]]
+    for number, row in enumerate(loaded, start=1):
+        yield number, dict(row)
+
+
 def _lines(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
     """Each line decoded, or why it is not UTF-8 (never replaced: the prompt would change)."""
     with path.open("rb") as handle:
@@ -176,10 +322,11 @@ def _lines(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
             yield number, text.removeprefix("\ufeff") if number == 1 else text
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc: ValidationError, prompt_field: str = "prompt") -> str:
     problems = []
     for error in exc.errors():
         where = ".".join(str(part) for part in error["loc"]) or "row"
+        where = prompt_field if where == "prompt" else where
         if error["type"] == "missing":
             problems.append(f"missing required field '{where}'")
         else:

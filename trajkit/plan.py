@@ -104,7 +104,7 @@ def read_work(config: RunConfig, host: PluginHost) -> Work:
     path = check_dataset_file(config.dataset_file)
     if config.max_samples == 0:
         raise RunError("--max_samples 0 selects no rows")
-    items, row_errors = read_dataset(path)
+    items, row_errors = read_dataset(path, config.prompt_field)
     items = items[: config.max_samples]
     routes, route_errors = route(items, config, host)
     row_errors += route_errors
