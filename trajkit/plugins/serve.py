@@ -3,6 +3,9 @@
 The run's settings that apply to a served session (model, endpoint, toolsets, sandbox, turns,
 prompts, filters and writers for ``--record``) come from the same flags and the same
 configuration file keys as ``trajkit run``; the server's own settings are added beside them.
+
+Every ``trajkit`` command loads this plugin, so :mod:`trajkit.serve.settings` (a pydantic model) is
+imported only when ``trajkit serve`` builds its flags or its settings.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from trajkit.cli import configure, load_host, read_given
 from trajkit.cli_options import PluginCommand, SettingOption, model_options, plugin_options, spellings
 from trajkit.config import RunConfig
 from trajkit.manager import PluginHost
-from trajkit.serve.settings import ServeSettings
 
 log = logging.getLogger("trajkit")
 
@@ -41,6 +43,8 @@ def trajkit_commands(cli: click.Group) -> None:
 
 
 def serve_params(host: PluginHost) -> list[click.Parameter]:
+    from trajkit.serve.settings import ServeSettings
+
     own = model_options(ServeSettings, group="Serve")
     core = model_options(RunConfig, group="Session", skip=set(RunConfig.model_fields) - set(RUN_SETTINGS))
     taken = {opt for param in [*own, *core] for opt in param.opts}
@@ -71,7 +75,7 @@ def serve(ctx: click.Context, **flags: Any) -> None:
 def build_settings(ctx: click.Context, host: PluginHost, flags: dict[str, Any]) -> tuple[RunConfig, Any]:
     """The run configuration and the server settings, flags over the configuration file."""
     from trajkit.configure import describe_errors
-    from trajkit.serve.settings import ServerKeyError, check_exposure, read_server_key
+    from trajkit.serve.settings import ServerKeyError, ServeSettings, check_exposure, read_server_key
 
     key_file = flags.pop("server_key_file", None)
     given, places = read_given(ctx, flags)

@@ -6,6 +6,11 @@ nothing behind for long. Labels record the run, the owner process and the deadli
 :meth:`DockerBackend.reap` can clean up sooner at the start of the next run.
 
 Works against dockerd and against podman's Docker-compatible service (``DOCKER_HOST=unix://...``).
+
+Every ``trajkit`` command loads this module (through the plugin) to register the class, and a run on
+another backend needs no more of it than the class's attributes and its settings. So the engine
+client, the archives and the sandbox class are imported by the methods that use them, when the
+backend is made and works; the ``docker`` SDK itself only when the engine is first reached.
 """
 
 from __future__ import annotations
@@ -19,8 +24,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from trajkit.sandbox import (
     DEFAULT_CWD,
@@ -32,10 +36,11 @@ from trajkit.sandbox import (
     owner_gone,
     owner_tag,
 )
-from trajkit_docker.archive import pack_directory
-from trajkit_docker.engine import ContainerSummary, Engine, api_message, translated
-from trajkit_docker.sandbox import STATE_DIR, DockerSandbox
 from trajkit_docker.settings import DockerSettings
+
+if TYPE_CHECKING:
+    from trajkit_docker.engine import ContainerSummary, Engine
+    from trajkit_docker.sandbox import DockerSandbox
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -79,6 +84,8 @@ class DockerBackend(SandboxBackend):
     settings: DockerSettings
 
     def __init__(self, settings: DockerSettings | Mapping[str, object] | None = None) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         super().__init__(settings)
         self._engine: Engine | None = None
         self._engine_lock: asyncio.Lock | None = None
@@ -115,6 +122,8 @@ class DockerBackend(SandboxBackend):
     async def engine(self) -> Engine:
         """The shared engine client, connected on first use."""
         if self._engine is None:
+            from trajkit_docker.engine import Engine
+
             if self._engine_lock is None:
                 self._engine_lock = asyncio.Lock()
             async with self._engine_lock:
@@ -160,6 +169,8 @@ class DockerBackend(SandboxBackend):
     # Sandboxes
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        from trajkit_docker.sandbox import DockerSandbox
+
         if not spec.image:
             raise SandboxError("the docker backend needs an image: give the row an 'image' field")
         engine = await self.engine()
@@ -182,6 +193,8 @@ class DockerBackend(SandboxBackend):
 
     async def _check_tools(self, engine: Engine, container_id: str, image: str) -> None:
         """Once per image: refuse images that lack what timeouts and cleanup depend on."""
+        from trajkit_docker.engine import translated
+
         argv = ["/bin/sh", "-c", CHECK_TOOLS, "trajkit-check", *REQUIRED_TOOLS]
         try:
             with translated(f"checking the tools of {image!r}"):
@@ -200,6 +213,10 @@ class DockerBackend(SandboxBackend):
         self, engine: Engine, image: str, command: list[str], config: Mapping[str, Any]
     ) -> str:
         import docker.errors
+
+        from trajkit_docker.archive import pack_directory
+        from trajkit_docker.engine import api_message, translated
+        from trajkit_docker.sandbox import STATE_DIR
 
         state_dir = pack_directory(STATE_DIR.lstrip("/"), 0o1777)
         with translated(f"starting a container from {image!r}"):
@@ -253,6 +270,8 @@ class DockerBackend(SandboxBackend):
     # Cleanup
 
     async def reap(self, run_id: str | None = None) -> int:
+        from trajkit_docker.engine import translated
+
         engine = await self.engine()
         with translated("listing trajkit containers"):
             containers = await self.call(engine.list_containers, ["trajkit=1"])

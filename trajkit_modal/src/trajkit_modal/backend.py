@@ -8,7 +8,10 @@ Credentials come only from Modal's own configuration (``MODAL_TOKEN_ID``/``MODAL
 ``~/.modal.toml``); this module never reads them.
 
 The SDK is imported on first use, so registering the plugin costs nothing when no row routes to
-Modal, and it is used through its ``.aio`` forms only, so nothing blocks the event loop.
+Modal, and it is used through its ``.aio`` forms only, so nothing blocks the event loop. The
+sandbox class and the pacing are imported when the backend is made too: every ``trajkit`` command
+loads this module to register the class, and a run on another backend needs only its attributes and
+its settings.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import logging
 import math
 import posixpath
 from collections.abc import Awaitable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trajkit.sandbox import (
     DEFAULT_CWD,
@@ -30,9 +33,10 @@ from trajkit.sandbox import (
     owner_gone,
     owner_tag,
 )
-from trajkit_modal.ratelimit import TokenBucket, backoff_delay
-from trajkit_modal.sandbox import INLINE_COMMAND_LIMIT, ModalSandbox
 from trajkit_modal.settings import ModalSettings
+
+if TYPE_CHECKING:
+    from trajkit_modal.sandbox import INLINE_COMMAND_LIMIT, ModalSandbox
 
 __all__ = ["INLINE_COMMAND_LIMIT", "MAX_LIFETIME", "ModalBackend", "ModalSandbox", "ModalSettings"]
 
@@ -66,6 +70,8 @@ class ModalBackend(SandboxBackend):
     settings: ModalSettings
 
     def __init__(self, settings: ModalSettings | Mapping[str, object] | None = None, sdk: Any = None) -> None:
+        from trajkit_modal.ratelimit import TokenBucket
+
         super().__init__(settings)
         self._sdk: Any = sdk
         self._app: Any = None
@@ -103,6 +109,8 @@ class ModalBackend(SandboxBackend):
         return self._digests[image]
 
     async def create(self, spec: SandboxSpec) -> ModalSandbox:
+        from trajkit_modal.sandbox import ModalSandbox
+
         cwd = _absolute_cwd(spec.cwd)
         app = await self._lookup_app()
         handle = await self._create_paced(self._create_arguments(spec, app, cwd))
@@ -192,6 +200,8 @@ class ModalBackend(SandboxBackend):
 
     async def _create_paced(self, arguments: dict[str, Any]) -> Any:
         """Create a sandbox at no more than the configured rate, retrying when Modal says "slow down"."""
+        from trajkit_modal.ratelimit import backoff_delay
+
         refused = self.sdk.exception.ResourceExhaustedError
         timeout = self.settings.create_timeout
         attempt = 0
@@ -256,3 +266,13 @@ def _describe(exc: BaseException) -> str:
 def _owner_is_dead(tags: Mapping[str, str]) -> bool:
     """True if the tags name a process on this host (not ourselves) that no longer exists."""
     return owner_gone(tags.get(TAG_OWNER, ""))
+
+
+def __getattr__(name: str) -> Any:
+    """``ModalSandbox`` and ``INLINE_COMMAND_LIMIT``, re-exported from :mod:`trajkit_modal.sandbox`
+    when first asked for."""
+    if name in ("INLINE_COMMAND_LIMIT", "ModalSandbox"):
+        from trajkit_modal import sandbox
+
+        return getattr(sandbox, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,6 +14,11 @@ references converted once), ``<cache>/locks/``, ``<cache>/digests/``, ``<cache>/
 own layer cache), ``<cache>/tmp/`` (build scratch), ``<cache>/programs-*/`` (the in-container helper
 programs) and ``<cache>/sandboxes/<instance>/`` (one per live sandbox: ``state.json``, ``work/`` and
 ``overlay/``).
+
+Every ``trajkit`` command loads this module (through the plugin) to register the class, and a run on
+another backend needs no more of it than the class's attributes, its settings and :meth:`owns_image`.
+So the engine client, images, instances, scripts and the sandbox class are imported by the methods
+that use them, when the backend is made and works.
 """
 
 from __future__ import annotations
@@ -24,13 +29,10 @@ import logging
 import os
 import posixpath
 import re
-import secrets
-import subprocess
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from trajkit.sandbox import (
     DEFAULT_CWD,
@@ -41,18 +43,13 @@ from trajkit.sandbox import (
     SandboxInfo,
     SandboxSpec,
 )
-from trajkit_singularity import images, scripts
-from trajkit_singularity.engine import Apptainer, CliResult, CliTimeout, client_environment
-from trajkit_singularity.instances import (
-    PREFIX,
-    InstanceState,
-    instance_name,
-    kill_watchdog,
-    start_watchdog,
-    stop_watchdog,
-)
-from trajkit_singularity.sandbox import SingularitySandbox, remove_tree
 from trajkit_singularity.settings import SingularitySettings
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from trajkit_singularity.engine import Apptainer, CliResult
+    from trajkit_singularity.instances import InstanceState
 
 log = logging.getLogger(__name__)
 INSPECT_TIMEOUT = 60.0
@@ -61,8 +58,7 @@ MAX_CONCURRENT_STARTS = 8
 _CWD_UNSAFE = re.compile(r"[,:\0]")
 
 
-@dataclass(frozen=True)
-class ResolvedImage:
+class ResolvedImage(NamedTuple):  # not a dataclass: making one costs 0.7 ms at every import
     path: Path
     """What ``instance start`` is given: a SIF file or a sandbox directory."""
     digest: str | None
@@ -93,6 +89,8 @@ class SingularityBackend(SandboxBackend):
     def engine(self) -> Apptainer:
         """The engine client, found on first use so that merely loading the plugin needs no binary."""
         if self._engine is None:
+            from trajkit_singularity.engine import Apptainer, client_environment
+
             settings = self.settings
             binds = [settings.cache_dir, settings.tmp_dir, settings.scratch_dir]
             self._engine = Apptainer(
@@ -111,12 +109,18 @@ class SingularityBackend(SandboxBackend):
 
     @classmethod
     def owns_image(cls, image: str) -> bool:
+        from trajkit_singularity import images
+
         return images.is_remote(image) or images.is_sif_path(image) or images.is_sandbox_dir(image)
 
     async def verify_image(self, image: str) -> str | None:
         return (await self._resolve(image)).digest
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
+        from trajkit_singularity import scripts
+        from trajkit_singularity.instances import InstanceState, instance_name, start_watchdog
+        from trajkit_singularity.sandbox import SingularitySandbox
+
         if not spec.image:
             raise SandboxError(
                 "the singularity backend needs an image: a .sif file, a sandbox directory or a remote "
@@ -164,6 +168,9 @@ class SingularityBackend(SandboxBackend):
         one belongs to another scratch root (another user's setup, another concurrent configuration)
         and is left alone; its own watchdog ends it when its lifetime is over.
         """
+        from trajkit_singularity.instances import kill_watchdog
+        from trajkit_singularity.sandbox import remove_tree
+
         engine = self.engine
         running = await engine.instances()
         now = time.time()
@@ -182,6 +189,8 @@ class SingularityBackend(SandboxBackend):
 
     async def _resolve(self, image: str) -> ResolvedImage:
         """Check (and for remote references, build) ``image`` once per backend; ImageUnavailable if not."""
+        from trajkit_singularity import images
+
         lock = self._image_locks.setdefault(image, asyncio.Lock())
         async with lock:
             if image not in self._resolved:
@@ -197,6 +206,9 @@ class SingularityBackend(SandboxBackend):
             return self._resolved[image]
 
     async def _check_local(self, image: str, path: Path) -> None:
+        from trajkit_singularity import images
+        from trajkit_singularity.engine import CliTimeout
+
         if not path.exists():
             raise ImageUnavailable(f"{image}: no such file or directory")
         if path.is_dir() and not (path / images.SANDBOX_MARKER).is_dir():
@@ -214,6 +226,8 @@ class SingularityBackend(SandboxBackend):
 
     async def _cached_sif(self, reference: str) -> Path:
         """The cached SIF of a remote reference, built under a lock shared by every process."""
+        from trajkit_singularity import images
+
         settings = self.settings
         target = settings.cache_dir / images.cached_sif_name(reference)
         if target.is_file():
@@ -229,6 +243,10 @@ class SingularityBackend(SandboxBackend):
         return target
 
     async def _build(self, reference: str, target: Path) -> None:
+        import secrets
+
+        from trajkit_singularity.engine import CliTimeout
+
         settings = self.settings
         await asyncio.to_thread(settings.tmp_dir.mkdir, parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}.partial")
@@ -245,6 +263,8 @@ class SingularityBackend(SandboxBackend):
 
     def _engine_for(self, path: Path) -> Apptainer:
         """The engine client, with ``path``'s directory made visible to a wrapped Apptainer."""
+        from trajkit_singularity.engine import Apptainer
+
         engine = self.engine
         env = dict(engine.env)
         env["TRAJKIT_APPTAINER_BINDS"] = f"{env['TRAJKIT_APPTAINER_BINDS']}:{path.parent}"
@@ -261,6 +281,8 @@ class SingularityBackend(SandboxBackend):
     async def _start_instance(
         self, name: str, image: Path, directory: Path, cwd: str, programs: Path
     ) -> None:
+        from trajkit_singularity import scripts
+
         settings = self.settings
         network = [] if settings.network == "host" else ["--net", "--network", settings.network]
         writable = (
@@ -299,6 +321,8 @@ class SingularityBackend(SandboxBackend):
         ]
 
     async def _run_start(self, name: str, args: list[str], image: Path) -> CliResult:
+        from trajkit_singularity.engine import CliTimeout
+
         try:
             return await self._engine_for(image).run(*args, timeout=self.settings.start_timeout)
         except CliTimeout as error:
@@ -313,6 +337,9 @@ class SingularityBackend(SandboxBackend):
         watchdog: subprocess.Popen[bytes] | None,
     ) -> None:
         """Undo a half-made sandbox."""
+        from trajkit_singularity.instances import stop_watchdog
+        from trajkit_singularity.sandbox import remove_tree
+
         if watchdog is not None:
             await asyncio.to_thread(stop_watchdog, watchdog)
         with contextlib.suppress(SandboxError):
@@ -347,6 +374,8 @@ def _prepare_directory(directory: Path, state: InstanceState) -> None:
 
 def _read_states(root: Path) -> dict[str, InstanceState | None]:
     """Every sandbox directory under ``root`` by name, with its state (None when unreadable)."""
+    from trajkit_singularity.instances import PREFIX, InstanceState
+
     if not root.is_dir():
         return {}
     return {
