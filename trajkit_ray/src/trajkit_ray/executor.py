@@ -132,7 +132,10 @@ class RayExecutor(Executor):
                 log.warning("ray: the session actor %s could not start: %s", actor.holder, result)
                 actor.alive = False
             elif isinstance(result, BaseException):
-                raise result  # the model client's check, a backend, ...: the run stops before any session
+                # the model client's check, a backend, ...: the run stops before any session, with
+                # the error as the local executor gives it (not Ray's wrapper and its traceback)
+                cause = result.cause if isinstance(result, ray.exceptions.RayTaskError) else None
+                raise (cause if isinstance(cause, BaseException) else result) from None
         live = [actor for actor in self.actors if actor.alive]
         if not live:
             raise RuntimeError("ray: no session actor could start")
