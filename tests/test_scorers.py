@@ -239,6 +239,21 @@ def test_a_plugin_s_scorer_is_registered_and_combined_with_the_built_ins() -> No
     assert asyncio.run(score_session(scorers, ScoreContext({"prompt": "p"}, "x", [], None, 1.0))) is None  # type: ignore[arg-type]
 
 
+class Broken(Scorer):
+    name = "broken"
+    fields = ("broken",)
+
+    async def score(self, context: ScoreContext) -> Check:
+        raise KeyError("oops")
+
+
+def test_a_broken_scorer_fails_its_check_not_the_session() -> None:
+    context = ScoreContext({"prompt": "p", "broken": 1}, "x", [], None, 1.0)  # type: ignore[arg-type]
+    score = asyncio.run(score_session([Broken()], context))
+    assert score is not None and score["passed"] is False
+    assert score["checks"][0]["detail"] == "the scorer failed: KeyError: 'oops'"
+
+
 @pytest.mark.parametrize(
     ("row", "answer", "passed"),
     [

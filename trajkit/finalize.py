@@ -365,6 +365,8 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         "running": str(holder) if holder else "no",
         "finished_records": len(index.records),
         "dataset_rows": statistics.get("dataset_rows"),
+        "samples_per_prompt": statistics.get("samples_per_prompt"),
+        "work_items": statistics.get("work_items"),
         "done": statistics.get("done"),
         "kept": statistics.get("kept"),
         "rejected": statistics.get("rejected"),

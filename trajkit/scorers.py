@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from trajkit.sandbox import Sandbox
+from trajkit.sandbox import Sandbox, SandboxError
 
 DETAIL_CHARS = 2000
 """Characters of a check's detail (a command's output, say) kept in the record: head and tail."""
@@ -74,7 +74,8 @@ class Scorer(ABC):
 
     @abstractmethod
     async def score(self, context: ScoreContext) -> Check:
-        """The verdict; a :class:`~trajkit.sandbox.SandboxError` fails the attempt (retried)."""
+        """The verdict. A :class:`~trajkit.sandbox.SandboxError` fails the attempt (it is retried);
+        any other exception is a failed check that names it (the session is kept)."""
 
 
 def clip(text: str, limit: int = DETAIL_CHARS) -> str:
@@ -95,7 +96,12 @@ async def score_session(scorers: Sequence[Scorer], context: ScoreContext) -> dic
     for scorer in scorers:
         if not scorer.applies(context.row):
             continue
-        check = await scorer.score(context)
+        try:
+            check = await scorer.score(context)
+        except SandboxError:
+            raise  # the sandbox is broken: the attempt fails and is retried
+        except Exception as exc:  # a broken scorer fails its check, not the paid-for session
+            check = Check(False, 0.0, f"the scorer failed: {type(exc).__name__}: {exc}")
         value = float(check.value)
         checks.append(
             {
