@@ -31,7 +31,7 @@ ROWS: list[dict[str, Any] | str] = [
     {"prompt": "Find the answer", "check": "test -f answer.txt", "source": "unit"},
     {"prompt": "Say 42", "answer": "42", "source": "qa"},
     {"prompt": "Mention the notes", "answer_pattern": r"notes file records: Mention", "source": "qa"},
-    {"prompt": "Slow check", "check": "sleep 30", "source": "unit"},
+    {"prompt": "Slow check", "check": "sleep 120", "source": "unit"},
     {"prompt": "No check at all"},
 ]
 PASSING = {0, 1, 4}
@@ -41,7 +41,7 @@ FAILING = {2, 3, 5}
 def run_args(dataset: Path, out: Path, name: str, *extra: str) -> list[str]:
     return [
         "run", "--dataset_file", str(dataset), "--run_name", name, "--output_dir", str(out),
-        "--distribution", "terminal_only", "--check_timeout", "2", "--quiet", *extra,
+        "--distribution", "terminal_only", "--check_timeout", "10", "--quiet", *extra,
     ]  # fmt: skip
 
 
@@ -64,7 +64,7 @@ def assert_scored(run_dir: Path) -> None:
     assert records[0]["score"]["checks"][0]["detail"].startswith("exit 0")
     assert records[2]["score"]["checks"][0]["detail"].startswith("exit 1")
     assert records[3]["score"]["checks"][0]["detail"].startswith("expected '42', got 'I completed")
-    assert records[5]["score"]["checks"][0]["detail"].startswith("timed out after 2s")
+    assert records[5]["score"]["checks"][0]["detail"].startswith("timed out after 10s")
     scores = json.loads((run_dir / "statistics.json").read_text())["scores"]
     assert (scores["scored"], scores["passed"], scores["failed"], scores["pass_rate"]) == (6, 3, 3, 0.5)
     assert scores["by_source"] == {
