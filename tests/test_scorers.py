@@ -150,6 +150,9 @@ def test_the_report_page_shows_the_pass_rate(
     assert browser.text(".card[data-key='passed / scored'] .value") == "3 / 6"
     assert browser.count("#chart-pass-rates svg rect.bar.ok") == 4
     assert browser.count("#chart-pass-rates svg rect.bar.bad") == 4
+    metas = "[...document.querySelectorAll('#traj-list .meta')].map(e => e.textContent)"
+    assert sum("check passed" in m for m in browser.js(metas)) == 3
+    assert sum("check failed" in m for m in browser.js(metas)) == 3
     assert browser.problems() == []
 
 

@@ -224,9 +224,10 @@ function renderList() {
   for (const t of shown) {
     const item = el("li", {"data-index": t.index, "data-status": t.status, title: t.reason},
       el("div", {class: "prompt"}, el("span", {class: "badge " + t.status}, t.status),
-        `#${t.index} `, firstPrompt(t)),
+        `#${t.index}${t.sample ? " sample " + t.sample : ""} `, firstPrompt(t)),
       el("div", {class: "meta"}, [`${fmt(t.api_calls)} calls`, `${fmt(t.tokens)} tokens`, t.backend,
-        t.tools.join(", ") || "no tools"].join(" · ")));
+        t.tools.join(", ") || "no tools", t.score && (t.score.passed ? "check passed" : "check failed")]
+        .filter(Boolean).join(" · ")));
     item.addEventListener("click", () => select(t));
     if (t === state.selected) item.classList.add("selected");
     list.append(item);
