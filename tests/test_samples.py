@@ -108,6 +108,8 @@ def test_samples_draw_toolsets_independently_and_a_resume_can_add_samples(tmp_pa
         grown = trajkit(*run_args(path, out, server, "--samples_per_prompt", "5", "--resume"))
         assert grown.returncode == 0, grown.stderr
         assert_samples_per_row(out / "r", dataset, 5)
+        rows_x5 = f"{len(dataset) * 5}/{len(dataset) * 5} samples done ({len(dataset)} rows x 5)"
+        assert rows_x5 in grown.stderr
         assert sum(sessions_started(server).values()) == len(dataset) * 5, "only the new samples ran"
     records = read_jsonl(out / "r" / "trajectories.jsonl")
     draws: dict[int, set[tuple[str, ...]]] = {}

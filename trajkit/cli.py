@@ -199,8 +199,11 @@ def execute(config: RunConfig, host: PluginHost) -> int:
         click.echo(f"once that is fixed, continue with: {_resume_command(config)}", err=True)
         return EXIT_IO
     stats = outcome.statistics
+    samples = int(stats.get("samples_per_prompt", 1))
     click.echo(
-        f"{config.run_dir}: {stats['done']}/{stats['dataset_rows']} rows done, {stats['kept']} kept, "
+        f"{config.run_dir}: {stats['done']}/{stats.get('work_items', stats['dataset_rows'])} "
+        + (f"samples done ({stats['dataset_rows']} rows x {samples}), " if samples > 1 else "rows done, ")
+        + f"{stats['kept']} kept, "
         f"{stats['rejected']} rejected, {stats['pending']} pending"
         + (f", {len(outcome.row_errors)} invalid rows" if outcome.row_errors else ""),
         err=True,

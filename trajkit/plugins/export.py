@@ -21,7 +21,6 @@ from typing import Any
 import click
 
 from trajkit import hookimpl
-from trajkit.finalize import offer_tool_schemas
 from trajkit.manager import PluginError, PluginHost
 from trajkit.rundir import KEPT_FILE, RunIOError, atomic_replace, read_tool_schemas
 from trajkit.writers import OutputWriter
@@ -83,6 +82,8 @@ def export(
         writer = writers[format_name]()
     except PluginError as exc:
         raise click.ClickException(str(exc)) from None
+    from trajkit.finalize import offer_tool_schemas  # a run needs it only after its sessions
+
     offer_tool_schemas([writer], run_dir)
     target = out if out is not None else run_dir / writer.filename
     try:
