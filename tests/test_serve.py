@@ -532,6 +532,11 @@ def test_recorded_sessions_are_a_run_directory(
     assert all(r["usage"]["total_tokens"] == 110 * r["api_calls"] for r in ledger)
     housekeeping = [r for r in ledger if "h1" in json.dumps(r["conversations"])]
     assert housekeeping == []  # a chat UI's own requests are not trajectories
+    saved = json.loads((run_dir / "tools.json").read_text())  # what each session was offered
+    for record in ledger:
+        offered = [schema["function"]["name"] for schema in saved[record["tool_schemas_key"]]]
+        assert offered == record["tools_offered"]
+        assert set(record["toolsets_used"]) <= set(record["toolsets_offered"])
     kept = read_jsonl(run_dir / "trajectories.jsonl")
     rejected = read_jsonl(run_dir / "rejected.jsonl")
     assert len(kept) + len(rejected) == len(ledger)

@@ -33,7 +33,7 @@ from trajkit.ledger import LedgerIndex, LedgerWriter, Location, scan
 from trajkit.manager import PluginHost
 from trajkit.model import Message
 from trajkit.records import record_json
-from trajkit.rundir import Manifest, ManifestKeeper, RunIOError, RunLock
+from trajkit.rundir import Manifest, ManifestKeeper, RunIOError, RunLock, ToolCatalog, tool_schemas_key
 from trajkit.secrets import Scrubber
 from trajkit.writers import OutputWriter
 
@@ -107,6 +107,7 @@ class Recorder:
         for done_prompt, occurrences in self.index.by_prompt.items():
             self.occurrences[done_prompt] = max(occurrences) + 1
         self.ledger = LedgerWriter(self.run_dir, self.config.batch_size)
+        self.catalog = ToolCatalog(self.run_dir)
         self.keeper = ManifestKeeper(self.manifest, self._progress, ACCOUNTS_INTERVAL)
         self.merger = asyncio.create_task(self._merge_now_and_then())
 
@@ -115,11 +116,14 @@ class Recorder:
         result: ConversationResult,
         conversation: list[Message],
         toolsets: list[str],
-        tools_offered: list[str],
+        toolsets_used: list[str],
+        schemas: list[dict[str, Any]],
         duration_s: float,
         backend: str,
         request_id: str,
     ) -> None:
+        """Append one served session's record; ``schemas`` are the tools offered, the agent's
+        and the client's, saved once per distinct set in ``tools.json`` as a run's are."""
         identity = prompt_id(dumps_line(conversation).decode(), None, None, SERVED_BACKEND)
         occurrence = self.occurrences.get(identity, 0)
         self.occurrences[identity] = occurrence + 1
@@ -134,7 +138,9 @@ class Recorder:
                 "served": True,
                 "request_id": request_id,
             },
-            toolsets_used=toolsets, tools_offered=tools_offered, duration_s=round(duration_s, 3),
+            toolsets_used=toolsets_used, toolsets_offered=toolsets,
+            tools_offered=[schema["function"]["name"] for schema in schemas],
+            tool_schemas_key=self._save_schemas(schemas), duration_s=round(duration_s, 3),
             attempt=1, backend=backend, image=None, digest=None,
         )  # fmt: skip
         record = self.scrubber.scrub(record)
@@ -148,6 +154,17 @@ class Recorder:
         self.rejected += reason is not None
         if self.host is not None:
             self.host.trajectory_finished(self.info, record, reason)
+
+    def _save_schemas(self, schemas: list[dict[str, Any]]) -> str | None:
+        """The key of the set in ``tools.json``; None when the disk refuses it (export then takes
+        the installed plugins' schemas, as for runs made before the file existed)."""
+        key = tool_schemas_key(schemas)
+        try:
+            self.catalog.add({key: schemas})
+        except RunIOError as exc:
+            log.error("cannot save the tools a served session was offered: %s", exc)
+            return None
+        return key
 
     def _progress(self) -> dict[str, Any]:
         return {

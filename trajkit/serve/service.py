@@ -150,10 +150,13 @@ class ServedAgent:
         finally:
             await _close(sandbox)
         if self.recorder is not None:
+            schemas = [tools[name].schema() for name in sorted(tools)]
+            schemas += sorted(client_tools, key=lambda schema: schema["function"]["name"])
+            called = {name for name, stat in result.tool_stats.items() if stat.count}
+            used = {name for name in toolsets if called & {t.name for t in self.host.toolsets[name].tools}}
             self.recorder.record(
-                result, conversation, sorted(toolsets), sorted(tools) + sorted(client_names),
-                time.monotonic() - started,
-                self.config.sandbox, request_id,
+                result, conversation, sorted(toolsets), sorted(used), schemas,
+                time.monotonic() - started, self.config.sandbox, request_id,
             )  # fmt: skip
         return Served(result, reasoning)
 
