@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
+from trajkit.cli import run_params
 from trajkit.config import RunConfig
+from trajkit.configure import resolve
 from trajkit.manager import PluginError, load_plugins
 from trajkit.runner import Runner
 from trajkit.testing.engines import need_engine
@@ -52,7 +54,8 @@ def ray_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def cluster(ray_env: None) -> Iterator[Any]:
+def cluster(ray_env: None) -> Iterator[tuple[Any, list[Any]]]:
+    """A head that runs no sessions (no CPU) and three worker nodes of one CPU each."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(
@@ -60,9 +63,9 @@ def cluster(ray_env: None) -> Iterator[Any]:
         head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": FAST_NODE_DEATH},
     )
     try:
-        cluster.workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
+        workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
         cluster.wait_for_nodes()
-        yield cluster
+        yield cluster, workers
     finally:
         cluster.shutdown()
 
@@ -72,8 +75,9 @@ def ledger_lines(run_dir: Path) -> int:
 
 
 def test_a_worker_node_killed_mid_run_loses_nothing_and_runs_nothing_twice(
-    tmp_path: Path, cluster: Any
+    tmp_path: Path, cluster: tuple[Any, list[Any]]
 ) -> None:
+    head, workers = cluster
     rows = 300
     limit = 6
     dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"job {i}"} for i in range(rows)])
@@ -86,7 +90,7 @@ def test_a_worker_node_killed_mid_run_loses_nothing_and_runs_nothing_twice(
         while ledger_lines(run_dir) < rows // 4 and time.monotonic() < deadline:
             time.sleep(0.05)
         killed.append(ledger_lines(run_dir))
-        cluster.remove_node(cluster.workers[0], allow_graceful=False)
+        head.remove_node(workers[0], allow_graceful=False)
 
     server = OpenAITestServer(dialect_policy, latency=0.03, keep_requests=False)
     with server:
@@ -95,7 +99,7 @@ def test_a_worker_node_killed_mid_run_loses_nothing_and_runs_nothing_twice(
         result = trajkit(
             "run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(tmp_path),
             "--model", "m", "--base_url", server.base_url, "--quiet",
-            "--executor", "ray", "--ray_address", cluster.address, "--ray.actors_per_node", "1",
+            "--executor", "ray", "--ray_address", head.address, "--ray.actors_per_node", "1",
             "--ray.batch_wait", "0.01", "--ray.poll_interval", "0.5", "--ray.lost_permits_after", "30",
             "--num_workers", "30", "--max_concurrent_requests", str(limit),
             "--sandbox_option", f"local.root={sandboxes}", "--sandbox_option", "local.isolation=none",
@@ -126,18 +130,50 @@ def test_a_worker_node_killed_mid_run_loses_nothing_and_runs_nothing_twice(
     assert statistics["model_client"]["requests"] >= server.count - len(lost) * 10
 
 
-def test_without_an_address_the_run_starts_a_ray_of_its_own(tmp_path: Path, ray_env: None) -> None:
-    dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"task {i}"} for i in range(12)])
-    result = trajkit(
-        "run", "--dataset_file", str(dataset), "--run_name", "local", "--output_dir", str(tmp_path),
-        "--quiet", "--executor", "ray", "--ray.local_cpus", "1", "--num_workers", "4",
-        env=RAY_ENV, timeout=180,
-    )  # fmt: skip
+PRICE = 0.25
+"""Dollars the test endpoint charges for every answer."""
+
+
+def priced(body: dict[str, Any]) -> dict[str, Any]:
+    return {**dialect_policy(body), "_usage": {"prompt_tokens": 100, "completion_tokens": 10, "cost": PRICE}}
+
+
+def test_without_an_address_the_run_starts_a_ray_of_its_own_and_holds_to_max_cost(
+    tmp_path: Path, ray_env: None
+) -> None:
+    rows = 40
+    dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"task {i}"} for i in range(rows)])
+    with OpenAITestServer(priced, latency=0.05) as server:
+        args = [
+            "run", "--dataset_file", str(dataset), "--run_name", "local", "--output_dir", str(tmp_path),
+            "--model", "m", "--base_url", server.base_url, "--quiet", "--num_workers", "4",
+        ]  # fmt: skip
+        result = trajkit(*args, "--executor", "ray", "--ray.local_cpus", "1", "--max_cost", "1", env=RAY_ENV)
+        assert result.returncode == 1, result.stderr[-4000:]
+        assert "--max_cost 1 reached" in result.stderr
+        statistics = json.loads((tmp_path / "local" / "statistics.json").read_text())
+        # the sessions in flight when the answers crossed the limit finish; no new one starts
+        assert 1 <= statistics["done"] <= 8, statistics
+        manifest = json.loads((tmp_path / "local" / "run.json").read_text())
+        assert manifest["config"]["executor"] == "ray"
+        counted = manifest["invocations"][-1]["model_client"]  # summed over the actors
+        assert counted["cost"] == PRICE * counted["requests"] == statistics["spent"]["cost"]
+
+        # the rest with the local executor: every row once
+        result = trajkit(*args, "--resume", "--max_cost", "1000", env=RAY_ENV)
     assert result.returncode == 0, result.stderr[-4000:]
     trajectories = read_jsonl(tmp_path / "local" / "trajectories.jsonl")
-    assert [t["prompt_index"] for t in trajectories] == list(range(12))
-    manifest = json.loads((tmp_path / "local" / "run.json").read_text())
-    assert manifest["config"]["executor"] == "ray"
+    assert [t["prompt_index"] for t in trajectories] == list(range(rows))
+
+
+def test_the_address_has_a_flag_of_its_own_and_a_configuration_key() -> None:
+    need_engine("ray", RAY_MISSING)
+    host = load_plugins()
+    config = resolve(host, {"executor": "ray", "executor_options": {"ray": {"address": "HEAD:6379"}}})
+    assert config.executor_options["ray"].address == "HEAD:6379"
+    flags = {option for param in run_params(host) for option in param.opts}
+    assert {"--ray_address", "--ray.actors_per_node"} <= flags
+    assert "--ray.address" not in flags
 
 
 def test_without_the_package_the_error_says_what_to_install(tmp_path: Path) -> None:
