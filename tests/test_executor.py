@@ -89,7 +89,8 @@ def test_the_cli_takes_the_executor_flag(tmp_path: Path) -> None:
     # (c) an unknown executor is a usage error naming the installed ones, before any row runs
     result = trajkit(*args, "--run_name", "unknown", "--executor", "cluster")
     assert result.returncode == 2, result.stderr
-    assert "unknown executor 'cluster' (installed: local)" in result.stderr
+    installed = ", ".join(sorted(load_plugins().executors))
+    assert f"unknown executor 'cluster' (installed: {installed})" in result.stderr
     assert not (tmp_path / "unknown").exists()
 
 
@@ -203,8 +204,10 @@ def test_a_plugin_executor_gets_the_work_and_the_runner_records_what_it_returns(
 
 def test_an_unknown_executor_names_the_installed_ones(tmp_path: Path) -> None:
     host = load_plugins(entry_points=False, extra=[("remote", remote_like_plugin())])
-    config = RunConfig(dataset_file=tmp_path / "d.jsonl", run_name="x", output_dir=tmp_path, executor="ray")
-    with pytest.raises(PluginError, match=r"unknown executor 'ray' \(installed: local, remote_like\)"):
+    config = RunConfig(
+        dataset_file=tmp_path / "d.jsonl", run_name="x", output_dir=tmp_path, executor="cluster"
+    )
+    with pytest.raises(PluginError, match=r"unknown executor 'cluster' \(installed: local, remote_like\)"):
         Runner(config, host)
 
 
