@@ -255,11 +255,16 @@ class RayExecutor(Executor):
         )
 
     async def _stop_sessions(self) -> None:
-        refs = [actor.handle.stop.remote() for actor in self.actors if actor.alive]
-        if refs:
-            await asyncio.wait(
-                [asyncio.ensure_future(self._call(ref)) for ref in refs], timeout=CLOSE_TIMEOUT
-            )
+        """Cancel what still runs on the actors (their sandboxes closed); nothing does after a
+        normal end. A lost actor's answer is not waited for beyond the close timeout."""
+        stops = [asyncio.ensure_future(self._call(a.handle.stop.remote())) for a in self.actors if a.alive]
+        if stops:
+            _, waiting = await asyncio.wait(stops, timeout=CLOSE_TIMEOUT)
+            for task in stops:
+                if task in waiting:
+                    task.cancel()
+                elif task.exception() is not None:
+                    log.warning("ray: stopping sessions: %s", task.exception())
 
     # -- accounts ----------------------------------------------------------------------------------
 
@@ -293,6 +298,7 @@ class RayExecutor(Executor):
             _, waiting = await asyncio.wait(closing, timeout=CLOSE_TIMEOUT)
             for actor, task in zip(live, closing, strict=True):
                 if task in waiting:
+                    task.cancel()
                     log.warning("ray: session actor %s did not close in time", actor.holder)
                 elif task.exception() is not None:
                     log.warning("ray: session actor %s closed with %s", actor.holder, task.exception())
