@@ -16,11 +16,10 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import orjson
-import tenacity
 
 from trajkit import hookimpl
 from trajkit.config import RunConfig
@@ -51,6 +50,9 @@ from trajkit.plugins.model_transport import (
 from trajkit.plugins.openai_settings import OpenAISettings
 from trajkit.ratelimit import RequestLimiter, new_limiter
 from trajkit.retry import REQUEST_BACKOFF, backoff_delay
+
+if TYPE_CHECKING:
+    import tenacity
 
 log = logging.getLogger("trajkit")
 
@@ -185,13 +187,9 @@ class OpenAIClient(ModelClient):
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cost = 0.0
-        self._retrying = tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception_type(Retry),
-            stop=self._stop,
-            wait=self._next_wait,
-            before_sleep=self._before_sleep,
-            reraise=True,
-        )
+        self._retrying: Any = None
+        """tenacity's loop, made at the first failure: most runs' first requests succeed, and
+        importing it and building the loop cost a cold start about 7 ms before the first request."""
 
     @classmethod
     def from_config(cls, config: RunConfig) -> OpenAIClient:
@@ -235,6 +233,16 @@ class OpenAIClient(ModelClient):
 
     async def _retried(self, request: _Request) -> AssistantMessage:
         """The retries of a request whose first attempt failed (tenacity counts that one as its first)."""
+        if self._retrying is None:
+            import tenacity
+
+            self._retrying = tenacity.AsyncRetrying(
+                retry=tenacity.retry_if_exception_type(Retry),
+                stop=self._stop,
+                wait=self._next_wait,
+                before_sleep=self._before_sleep,
+                reraise=True,
+            )
         retrying = self._retrying.copy()  # tenacity keeps per-call state on the object
         try:
             message: AssistantMessage = await retrying(self._again, request)
