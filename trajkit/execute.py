@@ -15,7 +15,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from trajkit.agent import Session, run_conversation
+from trajkit.agent import ConversationResult, Session, run_conversation
 from trajkit.distributions import rng_for
 from trajkit.executor import Driver, Failed, Finished, SessionPlan, WorkOrder
 from trajkit.manager import PluginHost
@@ -155,9 +155,47 @@ class Sessions:
         return (toolsets, *self.offers[toolsets])
 
     async def _session(self, order: WorkOrder, attempt: int, started: float) -> Finished:
-        config, item = self.config, order.item
         assert self.client is not None, "Sessions.open() first"
-        toolsets, tools, key, schemas = self._offer(item.work_id)
+        toolsets, tools, key, schemas = self._offer(order.work_id)
+        result, score = await self._converse(order, tools)
+        used = {
+            self.toolset_of[name] for name, stat in result.tool_stats.items() if stat.count and name in tools
+        }
+        item, image = order.item, order.item.row.image
+        record = record_json(
+            result,
+            self.plan.run_tools,
+            work_id=item.work_id,
+            prompt_id=item.prompt_id,
+            prompt_index=item.index,
+            sample=item.sample,
+            metadata={
+                **item.row.extra_fields,
+                "batch_num": None,  # the ledger's batch, set by the runner as it appends the record
+                "timestamp": datetime.now(UTC).isoformat(),
+                "model": self.config.model,
+            },
+            toolsets_used=sorted(used),
+            toolsets_offered=list(toolsets),
+            tools_offered=sorted(tools),
+            tool_schemas_key=key,
+            duration_s=round(time.monotonic() - started, 3),
+            attempt=attempt,
+            backend=order.backend,
+            image=image,
+            digest=self.digests.get((order.backend, image)) if image else None,
+            score=score,
+        )
+        new = key not in self.reported
+        self.reported.add(key)
+        return Finished(order.work_id, record, {key: schemas} if new else {})
+
+    async def _converse(
+        self, order: WorkOrder, tools: dict[str, Tool]
+    ) -> tuple[ConversationResult, dict[str, Any] | None]:
+        """One conversation in a fresh sandbox, scored before the sandbox closes."""
+        assert self.client is not None, "Sessions.open() first"
+        config, item = self.config, order.item
         spec = SandboxSpec(
             run_id=self.plan.run_id,
             work_id=item.work_id,
@@ -180,44 +218,11 @@ class Sessions:
                 tool_output_cap=config.tool_output_cap,
             )
             result = await run_conversation(session, item.row.prompt)
-            score = None
-            if self.scorers:
-                row = {"prompt": item.row.prompt, "image": item.row.image, "cwd": item.row.cwd}
-                row |= {"backend": item.row.backend, **item.row.extra_fields}
-                context = ScoreContext(
-                    row, result.final_response, result.messages, sandbox, config.check_timeout
-                )
-                score = await score_session(self.scorers, context)
+            if not self.scorers:
+                return result, None
+            row = {"prompt": item.row.prompt, "image": item.row.image, "cwd": item.row.cwd}
+            row |= {"backend": item.row.backend, **item.row.extra_fields}
+            context = ScoreContext(row, result.final_response, result.messages, sandbox, config.check_timeout)
+            return result, await score_session(self.scorers, context)
         finally:
             await asyncio.shield(sandbox.close())
-        used = {
-            self.toolset_of[name] for name, stat in result.tool_stats.items() if stat.count and name in tools
-        }
-        image = item.row.image
-        record = record_json(
-            result,
-            self.plan.run_tools,
-            work_id=item.work_id,
-            prompt_id=item.prompt_id,
-            prompt_index=item.index,
-            sample=item.sample,
-            metadata={
-                **item.row.extra_fields,
-                "batch_num": None,  # the ledger's batch, set by the runner as it appends the record
-                "timestamp": datetime.now(UTC).isoformat(),
-                "model": config.model,
-            },
-            toolsets_used=sorted(used),
-            toolsets_offered=list(toolsets),
-            tools_offered=sorted(tools),
-            tool_schemas_key=key,
-            duration_s=round(time.monotonic() - started, 3),
-            attempt=attempt,
-            backend=order.backend,
-            image=image,
-            digest=self.digests.get((order.backend, image)) if image else None,
-            score=score,
-        )
-        new = key not in self.reported
-        self.reported.add(key)
-        return Finished(item.work_id, record, {key: schemas} if new else {})

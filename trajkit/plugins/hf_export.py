@@ -252,7 +252,25 @@ def dataset_card(dataset: Any, run_dir: Path) -> str:
         "| | |",
         "|---|---|",
         f"| rows in this dataset | {dataset.num_rows} |",
+        *_count_lines(statistics),
     ]
+    lines += [
+        "",
+        "## Loading",
+        "",
+        "```python",
+        "import datasets",
+        "",
+        'rows = datasets.load_from_disk("PATH")  # or load_dataset("REPO") once pushed',
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _count_lines(statistics: Mapping[str, Any]) -> list[str]:
+    """The card's counts: the run's statistics a reader of the dataset wants."""
+    lines = []
     for key, label in (
         ("dataset_rows", "prompt rows"),
         ("done", "sessions done"),
@@ -278,18 +296,7 @@ def dataset_card(dataset: Any, run_dir: Path) -> str:
     if isinstance(tools, dict) and tools:
         used = {k: v.get("count", 0) for k, v in tools.items() if isinstance(v, dict)}
         lines += ["", "Tool calls: " + ", ".join(f"{k}: {v}" for k, v in sorted(used.items()))]
-    lines += [
-        "",
-        "## Loading",
-        "",
-        "```python",
-        "import datasets",
-        "",
-        'rows = datasets.load_from_disk("PATH")  # or load_dataset("REPO") once pushed',
-        "```",
-        "",
-    ]
-    return "\n".join(lines)
+    return lines
 
 
 def _filters(config: Mapping[str, Any]) -> str:
