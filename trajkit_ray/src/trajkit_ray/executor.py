@@ -87,7 +87,6 @@ class RayExecutor(Executor):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from trajkit_ray.limiter import LimiterActor
-        from trajkit_ray.worker import SessionWorker
 
         self._connect()  # in the main thread: Ray sets its signal handlers there
         nodes = [node for node in ray.nodes() if node.get("Alive")]
@@ -105,6 +104,25 @@ class RayExecutor(Executor):
             )
             .remote()
         )
+        self._place_actors(nodes)
+        live = await self._open_actors(plan)
+        share = math.ceil(plan.config.num_workers / len(live))
+        for actor in live:
+            actor.capacity = max(1, share)
+        log.info(
+            "ray: %d session actors on %d nodes, up to %d sessions each",
+            len(live),
+            len({actor.node for actor in live}),
+            share,
+        )
+
+    def _place_actors(self, nodes: list[dict[str, Any]]) -> None:
+        """One session actor per CPU of every node that offers CPUs (or ``actors_per_node``)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from trajkit_ray.worker import SessionWorker
+
         worker = ray.remote(SessionWorker)
         for node in nodes:
             cpus = int(node.get("Resources", {}).get("CPU", 0))
@@ -122,6 +140,12 @@ class RayExecutor(Executor):
                 self.actors.append(_Actor(handle, holder, node.get("NodeManagerHostname", node_id)))
         if not self.actors:
             raise RuntimeError("ray: no node of the cluster offers a CPU to run sessions on")
+
+    async def _open_actors(self, plan: SessionPlan) -> list[_Actor]:
+        """Each actor builds its sessions from the plan (its node's plugins, backends, images);
+        returns the actors that could, or raises the first error a session would have met."""
+        import ray
+
         environment = {name: os.environ[name] for name in KEY_VARIABLES if os.environ.get(name)}
         opened = await asyncio.gather(
             *(self._call(actor.handle.open.remote(plan, self.limiter, environment)) for actor in self.actors),
@@ -139,15 +163,7 @@ class RayExecutor(Executor):
         live = [actor for actor in self.actors if actor.alive]
         if not live:
             raise RuntimeError("ray: no session actor could start")
-        share = math.ceil(plan.config.num_workers / len(live))
-        for actor in live:
-            actor.capacity = max(1, share)
-        log.info(
-            "ray: %d session actors on %d nodes, up to %d sessions each",
-            len(live),
-            len({actor.node for actor in live}),
-            share,
-        )
+        return live
 
     def _connect(self) -> None:
         import ray
