@@ -45,3 +45,12 @@ def install_fake_distribution(site: Path, dist: str, module: str, source: str, e
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.3\n")
     (info / "entry_points.txt").write_text(f"[trajkit]\n{entry_name} = {module}\n")
+
+
+def plugin_env(tmp_path: Path, name: str, source: str) -> dict[str, str]:
+    """The environment of a ``trajkit`` subprocess that sees ``source`` installed as the plugin
+    package ``trajkit-NAME`` (entry point ``NAME``)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    install_fake_distribution(site, f"trajkit-{name}", f"trajkit_{name}", source, name)
+    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}

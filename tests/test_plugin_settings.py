@@ -4,12 +4,11 @@ flags, configuration-file keys and sections, validated with errors naming the pl
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import install_fake_distribution, read_jsonl, trajkit, write_jsonl
+from tests.helpers import plugin_env, read_jsonl, trajkit, write_jsonl
 
 ACME_PLUGIN = '''
     import json
@@ -97,10 +96,7 @@ ACME_PLUGIN = '''
 
 @pytest.fixture
 def acme(tmp_path: Path) -> dict[str, str]:
-    site = tmp_path / "site"
-    site.mkdir()
-    install_fake_distribution(site, "trajkit-acme", "trajkit_acme", ACME_PLUGIN, "acme")
-    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    return plugin_env(tmp_path, "acme", ACME_PLUGIN)
 
 
 def run_acme(tmp_path: Path, env: dict[str, str], name: str, *flags: str) -> tuple[int, str, list[str]]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import install_fake_distribution, read_jsonl, trajkit, write_jsonl
+from tests.helpers import plugin_env, read_jsonl, trajkit, write_jsonl
 from trajkit.ledger import read_jsonl as ledger_lines
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy
@@ -66,10 +66,8 @@ def rows(count: int = 24) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def killer_env(tmp_path: Path) -> dict[str, str]:
-    site = tmp_path / "site"
-    site.mkdir()
-    install_fake_distribution(site, "trajkit-killer", "trajkit_killer", KILLER_PLUGIN, "killer")
-    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    """The environment of a ``trajkit`` subprocess with the killer plugin installed."""
+    return plugin_env(tmp_path, "killer", KILLER_PLUGIN)
 
 
 def run_args(dataset: Path, out: Path, server: OpenAITestServer, *extra: str) -> list[str]:

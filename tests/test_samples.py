@@ -8,7 +8,6 @@ at a time) and resumed.
 from __future__ import annotations
 
 import json
-import os
 import signal
 from collections import Counter
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import install_fake_distribution, read_jsonl, trajkit, write_jsonl
+from tests.helpers import plugin_env, read_jsonl, trajkit, write_jsonl
 from tests.test_resume import KILLER_PLUGIN, run_killed_after, sessions_started
 from trajkit.dataset import read_dataset, with_samples
 from trajkit.ledger import read_jsonl as ledger_lines
@@ -29,14 +28,6 @@ SAMPLES = 4
 def rows() -> list[dict[str, Any]]:
     dataset: list[dict[str, Any]] = [{"prompt": f"Sampled task {i} [dialect:think]"} for i in range(6)]
     return [*dataset, dict(dataset[2])]  # a duplicate row: 2 rows x 4 samples of one prompt
-
-
-@pytest.fixture
-def killer_env(tmp_path: Path) -> dict[str, str]:
-    site = tmp_path / "site"
-    site.mkdir()
-    install_fake_distribution(site, "trajkit-killer", "trajkit_killer", KILLER_PLUGIN, "killer")
-    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
 
 
 def run_args(dataset: Path, out: Path, server: OpenAITestServer, *extra: str) -> list[str]:
@@ -70,6 +61,11 @@ KILL_POINTS = [
     {"KILL_IN_MERGE_AT": "9"},
     {"TIMED_KILL": "0.9"},
 ]
+
+
+@pytest.fixture
+def killer_env(tmp_path: Path) -> dict[str, str]:
+    return plugin_env(tmp_path, "killer", KILLER_PLUGIN)
 
 
 @pytest.mark.parametrize("point", KILL_POINTS, ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
