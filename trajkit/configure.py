@@ -95,9 +95,11 @@ def resolve(host: PluginHost, given: Mapping[str, Any], places: Mapping[str, str
         resolved[concern.section] = _validate_sections(
             host, concern, sections[concern.section], place, problems
         )
+    from trajkit.manager import PluginError
+
     try:
         client = host.model_client(model)
-    except Exception:  # an unknown model is reported when the run starts, with the installed ones
+    except PluginError:  # an unknown model is reported when the run starts, with the installed ones
         client = None
     if client is not None and client.name not in resolved["model_options"]:
         try:
