@@ -39,3 +39,14 @@ def test_every_flag_the_readme_names_for_run_is_accepted() -> None:
     pairs = {"--sandbox_option", "--filter_option", "--writer_option", "--executor_option"}
     assert flags - accepted == set()
     assert pairs <= accepted
+
+
+def test_the_readme_compression_step_is_valid() -> None:
+    from trajkit.compress import step
+
+    block = re.search(r"```toml\n(\[compress\].*?)```", section("Compressing trajectories"), re.S)
+    assert block is not None
+    host = load_plugins()
+    config = resolve(host, {**tomllib.loads(block.group(1)), "model": "scripted"})
+    assert config.compress.max_tokens == 8192 and config.compress.strategy == "pipeline"
+    step.check(config, host)  # the strategy takes these options, the counter exists
