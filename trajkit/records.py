@@ -228,26 +228,19 @@ def record_json(
 ) -> dict[str, Any]:
     """``trajectory_record(...).to_json_dict()`` for the same arguments, without building the models.
 
-    The record is assembled as JSON directly (several times cheaper: this runs on the event loop
-    for every trajectory). Every value that comes from outside trajkit's own counting (the model
-    client's messages, usage and finish reason, tool names, the dataset's fields, the image
-    digest) is checked to already be what the model would give; if one is not (an int cost, a
-    float token count, a NaN or a tuple among the dataset's fields, a content that is no string),
-    the record goes through :class:`TrajectoryRecord`, which coerces or rejects it as ever.
-    ``tests/test_records.py`` holds the two paths to the same output, keys and order included.
+    Assembled as JSON directly (several times cheaper, and this runs on the event loop for every
+    trajectory). A value from outside trajkit's own counting (messages, usage, tool names, the
+    dataset's fields, the digest) that is not already what the model would give (an int cost, a
+    NaN among the dataset's fields...) sends the record through :class:`TrajectoryRecord`, which
+    coerces or rejects it; ``tests/test_records.py`` holds the two paths to the same output.
     """
     conversations, plain = _conversations_json(result.messages)
     tool_stats = _tool_stats_json(result, run_tools)
-    metadata_json = _plain_copy(metadata)
+    metadata_json, score_json = _plain_copy(metadata), _plain_copy(score)
     offered = toolsets_used if toolsets_offered is None else toolsets_offered
-    score_json = _plain_copy(score)
     names = [*tool_stats, *tools_offered, *toolsets_used, *offered]
-    plain = (
-        plain
-        and metadata_json is not _NOT_PLAIN
-        and _plain_score(score_json)
-        and _plain_scalars(result, duration_s, digest, tool_schemas_key, names)
-    )
+    plain = plain and metadata_json is not _NOT_PLAIN and _plain_score(score_json)
+    plain = plain and _plain_scalars(result, duration_s, digest, tool_schemas_key, names)
     record = {
         "work_id": work_id,
         "prompt_id": prompt_id,
