@@ -208,3 +208,34 @@ async def test_the_limiter_refuses_a_lost_actor_and_takes_back_its_permits() -> 
     assert limiter.state()["active"] == 1
     await limiter.release("a", True)  # a late release from the lost holder changes nothing
     assert limiter.state()["active"] == 1
+
+
+def test_container_rows_run_in_docker_on_the_actor_s_node(tmp_path: Path, ray_env: None) -> None:
+    """Sessions under the ray executor take their rows' backends on the node that runs them:
+    local rows in local sandboxes, image rows in Docker containers, none left after the run."""
+    from tests.test_docker_run import BUSYBOX, _why_unavailable, containers_of
+
+    need_engine("docker", _why_unavailable())
+    import docker
+
+    client = docker.from_env(timeout=30)
+    run_name = f"ray-docker-{time.monotonic_ns() % 10**8}"
+    rows: list[dict[str, Any] | str] = []
+    for i in range(6):
+        rows.append({"prompt": f"local task {i}"})
+        rows.append({"prompt": f"container task {i}", "image": BUSYBOX, "cwd": "/srv/app"})
+    dataset = write_jsonl(tmp_path / "p.jsonl", rows)
+    with OpenAITestServer(dialect_policy) as server:
+        result = trajkit(
+            "run", "--dataset_file", str(dataset), "--run_name", run_name, "--output_dir", str(tmp_path),
+            "--model", "m", "--base_url", server.base_url, "--distribution", "terminal_only", "--quiet",
+            "--num_workers", "4", "--sandbox_option", "docker.pull=never",
+            "--executor", "ray", "--ray.local_cpus", "2", env=RAY_ENV,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = read_jsonl(tmp_path / run_name / "trajectories.jsonl")
+    assert [r["prompt_index"] for r in records] == list(range(len(rows)))
+    backends = Counter((r["sandbox"]["backend"], r["sandbox"]["image"]) for r in records)
+    assert backends == {("local", None): 6, ("docker", BUSYBOX): 6}
+    assert all(r["tool_stats"]["terminal"]["count"] >= 1 for r in records)
+    assert containers_of(client, run_name) == []
