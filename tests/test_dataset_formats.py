@@ -132,3 +132,49 @@ def test_a_run_from_a_parquet_dataset_with_another_prompt_column(tmp_path: Path)
     assert [r["conversations"][1]["value"] for r in records] == [r["question"] for r in ROWS]
     assert [r["metadata"]["source"] for r in records] == ["a", "b", "a"]
     assert records[0]["score"]["passed"] is False  # the 'answer' column is a check
+
+
+def hub_cache(root: Path, repository: str, splits: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """A dataset repository laid out as the Hugging Face cache keeps a download of it (``refs/main``
+    naming a snapshot of the repository's files); the environment that points the hub there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / "hub" / f"datasets--{repository.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    data = repo / "snapshots" / commit / "data"
+    data.mkdir(parents=True)
+    for split, rows in splits.items():
+        pq.write_table(pa.Table.from_pylist(rows), data / f"{split}-00000-of-00001.parquet")
+    return {
+        "HF_HUB_CACHE": str(root / "hub"),
+        "HF_DATASETS_CACHE": str(root / "datasets"),
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+def test_a_hub_dataset_is_read_from_the_local_cache_only(tmp_path: Path) -> None:
+    env = hub_cache(tmp_path / "cache", "acme/questions", {"train": ROWS, "test": ROWS[:1]})
+    out = tmp_path / "out"
+    args = ["--prompt_field", "question", "--output_dir", str(out), "--quiet", "--no_filter", "partial"]
+    result = trajkit(
+        "run", "--dataset_file", "hf://acme/questions:train", "--run_name", "hub", *args, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Generating" not in result.stderr  # no progress bars of the datasets library
+    records = read_jsonl(out / "hub" / "trajectories.jsonl")
+    assert [r["conversations"][1]["value"] for r in records] == [r["question"] for r in ROWS]
+    assert [r["metadata"]["source"] for r in records] == ["a", "b", "a"]
+
+    both = trajkit("run", "--dataset_file", "hf://acme/questions", "--run_name", "both", *args, env=env)
+    assert both.returncode == 2
+    assert (
+        "holds the splits test, train: name one, e.g. --dataset_file hf://acme/questions:test" in both.stderr
+    )
+    missing = trajkit("run", "--dataset_file", "hf://acme/absent", "--run_name", "absent", *args, env=env)
+    assert missing.returncode == 2
+    assert "acme/absent is not in the local Hugging Face cache (nothing is downloaded)" in missing.stderr
+    malformed = trajkit("run", "--dataset_file", "hf://questions", "--run_name", "bad", *args, env=env)
+    assert malformed.returncode == 2 and "expected hf://OWNER/NAME" in malformed.stderr

@@ -11,7 +11,7 @@ import csv
 import functools
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -108,11 +108,27 @@ HF_DATASET_FILES = ("dataset_info.json", "dataset_dict.json")
 _LINE_FORMATS = ("jsonl", "json lines")
 
 
+HUB_SCHEME = "hf:/"
+"""``hf://OWNER/NAME[:SPLIT]``: a dataset repository of the Hugging Face Hub, read from the local
+cache only (a path keeps one slash of the two)."""
+
+
+def hub_dataset(path: Path) -> tuple[str, str | None] | None:
+    """(repository, split) of an ``hf://OWNER/NAME[:SPLIT]`` dataset, else None."""
+    text = str(path)
+    if not text.startswith(HUB_SCHEME):
+        return None
+    repository, _, split = text.removeprefix(HUB_SCHEME).strip("/").partition(":")
+    return repository, split or None
+
+
 @functools.lru_cache(maxsize=64)
 def dataset_kind(path: Path) -> str:
-    """``jsonl``, ``json lines``, ``json`` (an array of objects), ``csv``, ``parquet`` or ``hf``
-    (a dataset directory saved with ``save_to_disk``), from the path alone (and a ``.json``
-    file's first character)."""
+    """``jsonl``, ``json lines``, ``json`` (an array of objects), ``csv``, ``parquet``, ``hf``
+    (a dataset directory saved with ``save_to_disk``) or ``hub`` (``hf://``), from the path alone
+    (and a ``.json`` file's first character)."""
+    if hub_dataset(path) is not None:
+        return "hub"
     if path.is_dir():
         return "hf"
     suffix = path.suffix.lower()
@@ -134,6 +150,11 @@ def check_dataset_file(path: Path | None) -> Path:
     """The dataset file, if it is one with something in it; else :class:`DatasetError`."""
     if path is None:
         raise DatasetError("no dataset file given (--dataset_file)")
+    hub = hub_dataset(path)
+    if hub is not None:
+        if hub[0].count("/") != 1 or not all(hub[0].split("/")):
+            raise DatasetError(f"--dataset_file {path}: expected hf://OWNER/NAME or hf://OWNER/NAME:SPLIT")
+        return path
     if path.is_dir():
         if any((path / name).is_file() for name in HF_DATASET_FILES):
             return path
@@ -219,6 +240,8 @@ def _rows(path: Path) -> Iterator[Row]:
         return _json_array_rows(path)
     if kind == "hf":
         return _hf_rows(path)
+    if kind == "hub":
+        return _hub_rows(path)
     return _jsonl_rows(path)
 
 
@@ -291,19 +314,52 @@ def _parquet_rows(path: Path) -> Iterator[Row]:
 
 
 def _hf_rows(path: Path) -> Iterator[Row]:
-    try:
-        import datasets
-    except ImportError:
-        raise DatasetError(f"reading {path} needs the datasets package: pip install datasets") from None
+    datasets = _datasets(path)
     try:
         loaded = datasets.load_from_disk(str(path))
     except Exception as exc:
         raise DatasetError(f"{path} is not a dataset saved with save_to_disk: {exc}") from None
+    yield from _split_rows(datasets, loaded, path, lambda split: str(path / split))
+
+
+def _hub_rows(path: Path) -> Iterator[Row]:
+    """A Hub dataset's rows from the local cache: nothing is downloaded, no repository code runs
+    (its data files are read as data: Parquet, CSV, JSON)."""
+    repository, split = hub_dataset(path) or ("", None)
+    datasets = _datasets(path)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        directory = snapshot_download(repository, repo_type="dataset", local_files_only=True)
+    except LocalEntryNotFoundError:
+        raise DatasetError(
+            f"{path}: {repository} is not in the local Hugging Face cache (nothing is downloaded); "
+            f"fetch it once, e.g. huggingface-cli download --repo-type dataset {repository}"
+        ) from None
+    try:
+        loaded = datasets.load_dataset(directory, split=split)
+    except Exception as exc:
+        raise DatasetError(f"{path}: the cached files of {repository} cannot be read: {exc}") from None
+    yield from _split_rows(datasets, loaded, path, lambda name: f"hf://{repository}:{name}")
+
+
+def _datasets(path: Path) -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError(f"reading {path} needs the datasets package: pip install datasets") from None
+    datasets.disable_progress_bars()  # the run has its own progress display
+    return datasets
+
+
+def _split_rows(datasets: Any, loaded: Any, path: Path, naming: Callable[[str], str]) -> Iterator[Row]:
+    """The rows of a dataset, or of the one split of a dataset dict (several: name one)."""
     if isinstance(loaded, datasets.DatasetDict):
         splits = sorted(loaded)
         if len(splits) != 1:
             raise DatasetError(
-                f"{path} holds the splits {', '.join(splits)}: name one, e.g. --dataset_file {path / splits[0]}"
+                f"{path} holds the splits {', '.join(splits)}: name one, e.g. --dataset_file {naming(splits[0])}"
             )
         loaded = loaded[splits[0]]
     for number, row in enumerate(loaded, start=1):
