@@ -407,14 +407,18 @@ def headless_chromium(profile: Path) -> Iterator[DevTools]:
         log.close()
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
+def report_browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
+    """A headless Chromium sized for the report page (the ``browser`` fixture of the modules that
+    open reports)."""
     need_engine("chromium", chromium_missing())
     with headless_chromium(tmp_path_factory.mktemp("chromium-profile")) as tools:
         tools.call(
             "Emulation.setDeviceMetricsOverride", width=1400, height=950, deviceScaleFactor=1, mobile=False
         )
         yield tools
+
+
+browser = pytest.fixture(scope="module", name="browser")(report_browser)
 
 
 def wait_for_devtools_port(path: Path, process: subprocess.Popen[bytes]) -> int:

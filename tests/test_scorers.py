@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
-from tests.test_report import DevTools, chromium_missing, embedded_data, headless_chromium
+from tests.test_report import DevTools, embedded_data, report_browser
 from trajkit.hookspecs import hookimpl
 from trajkit.manager import load_plugins
 from trajkit.plugins.scorers import AnswerMatch, CommandCheck
@@ -129,14 +128,7 @@ def test_stats_and_report_show_the_pass_rates(local_run: tuple[Path, Path], tmp_
     assert len(scored) == 6
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
-    need_engine("chromium", chromium_missing())
-    with headless_chromium(tmp_path_factory.mktemp("chromium-profile")) as tools:
-        tools.call(
-            "Emulation.setDeviceMetricsOverride", width=1400, height=950, deviceScaleFactor=1, mobile=False
-        )
-        yield tools
+browser = pytest.fixture(scope="module", name="browser")(report_browser)
 
 
 def test_the_report_page_shows_the_pass_rate(
