@@ -506,6 +506,16 @@ def child_env(*sites: Path) -> dict[str, str]:
 # -- reporting ------------------------------------------------------------------------------------
 
 
+def marginal_memory(rows: list[dict[str, Any]], group: Sequence[str], peak: str, out: str) -> None:
+    """Memory per session in flight, KiB, into ``row[out]``: (peak - the peak at the fewest in
+    flight) / (n - that n), over the rows of one ``group`` (the keys that make a series)."""
+    for key in {tuple(r[k] for k in group) for r in rows}:
+        same = sorted((r for r in rows if tuple(r[k] for k in group) == key), key=lambda r: r["inflight"])
+        for row in same[1:]:
+            extra = (row[peak] - same[0][peak]) * 1024
+            row[out] = round(extra / (row["inflight"] - same[0]["inflight"]), 1)
+
+
 def mib(n: float) -> float:
     return round(n / 2**20, 1)
 

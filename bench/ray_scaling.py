@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             f"({time.monotonic() - started:.0f}s)",
                             flush=True,
                         )
-    _marginal_memory(rows)
+    common.marginal_memory(rows, ("executor", "mode"), "total_peak_rss_mib", "kib_per_session")
     results = {
         "figure": "local and ray executors side by side",
         "machine": common.machine(),
@@ -215,16 +215,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(render(rows))
     common.save_json(args.json, results)
     return results
-
-
-def _marginal_memory(rows: list[dict[str, Any]]) -> None:
-    """Memory per session in flight: (peak - peak at the fewest in flight) / (n - that n), over
-    the driver and the actors together."""
-    for key in {(r["executor"], r["mode"]) for r in rows}:
-        same = sorted((r for r in rows if (r["executor"], r["mode"]) == key), key=lambda r: r["inflight"])
-        for row in same[1:]:
-            extra = (row["total_peak_rss_mib"] - same[0]["total_peak_rss_mib"]) * 1024
-            row["kib_per_session"] = round(extra / (row["inflight"] - same[0]["inflight"]), 1)
 
 
 def render(rows: list[dict[str, Any]]) -> str:

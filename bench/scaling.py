@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         f"peak RSS {row['peak_rss_mib']} MiB",
                         flush=True,
                     )
-    _marginal_memory(rows)
+    common.marginal_memory(rows, ("mode",), "peak_rss_mib", "marginal_kib_per_session")
     results = {
         "figure": "throughput and memory against sessions in flight",
         "machine": common.machine(),
@@ -194,16 +194,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(render(rows))
     common.save_json(args.json, results)
     return results
-
-
-def _marginal_memory(rows: list[dict[str, Any]]) -> None:
-    """Per-session memory above the smallest run of the same mode: (peak - base) / (n - n_base)."""
-    for mode in {r["mode"] for r in rows}:
-        same = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["inflight"])
-        base = same[0]
-        for row in same[1:]:
-            extra = (row["peak_rss_mib"] - base["peak_rss_mib"]) * 1024
-            row["marginal_kib_per_session"] = round(extra / (row["inflight"] - base["inflight"]), 1)
 
 
 def render(rows: list[dict[str, Any]]) -> str:
