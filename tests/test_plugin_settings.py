@@ -206,3 +206,37 @@ def test_core_settings_reach_the_sessions_of_a_plugin(tmp_path: Path, acme: dict
     assert len(record["conversations"][3]["value"].encode()) <= 300
     assert f"finished {record['work_id']} (prompt 0)" in result.stderr  # --verbose
     assert "'[fail] a'" in result.stderr and "'[fail] ab" not in result.stderr  # --log_prefix_chars
+
+
+CLASHING_PLUGIN = '''
+    from trajkit import hookimpl
+    from trajkit.filters import TrajectoryFilter
+    from trajkit.settings import StrictSettings
+
+
+    class Local(TrajectoryFilter):
+        name = "local"
+
+        class Settings(StrictSettings):
+            isolation: str = "none"
+            """A name another plugin's flag already has."""
+
+        def check(self, record):
+            return None
+
+
+    @hookimpl
+    def trajkit_filters():
+        return [Local]
+'''
+
+
+def test_two_plugins_claiming_one_flag_is_a_usage_error_naming_both(tmp_path: Path) -> None:
+    env = plugin_env(tmp_path, "clash", CLASHING_PLUGIN)
+    result = trajkit("run", "--help", env=env)
+    assert result.returncode == 2
+    assert (
+        "the flag --local.isolation is claimed by sandbox backend 'local' and by filter 'local'"
+        in result.stderr
+    )
+    assert trajkit("status", "--help", env=env).returncode == 0  # other commands are not held up

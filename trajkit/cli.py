@@ -21,7 +21,7 @@ from click.core import ParameterSource
 
 from trajkit import __version__
 from trajkit.cli_options import (
-    GroupedCommand,
+    PluginCommand,
     SettingOption,
     given_settings,
     model_options,
@@ -76,11 +76,6 @@ class TrajkitGroup(click.Group):
         except PluginError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
-        try:
-            run.params = run_params(host)
-        except PluginError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
         host.register_commands(self)
         kwargs.setdefault("obj", host)
         return super().main(*args, **kwargs)
@@ -97,7 +92,7 @@ def cli() -> None:
     log.setLevel(logging.INFO)
 
 
-@cli.command(cls=GroupedCommand)
+@cli.command(cls=PluginCommand, plugin_params=lambda host, _command: run_params(host))
 @click.pass_context
 def run(ctx: click.Context, **flags: Any) -> None:
     """Run every prompt of DATASET_FILE through an agent session and write the run directory.

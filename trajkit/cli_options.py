@@ -90,8 +90,13 @@ class PluginCommand(GroupedCommand):
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
         if not self.added:
+            from trajkit.manager import PluginError
+
             self.added = True
-            self.params.extend(self.plugin_params(ctx.find_root().obj, self))
+            try:
+                self.params.extend(self.plugin_params(ctx.find_root().obj, self))
+            except PluginError as exc:  # two plugins claim one flag
+                raise click.UsageError(str(exc)) from None
         return super().get_params(ctx)
 
 
