@@ -271,9 +271,23 @@ def test_resume_with_changed_settings_warns_and_records(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b"}])
     with OpenAITestServer(dialect_policy) as server:
         assert trajkit(*run_args(path, tmp_path, server, "--max_samples", "1")).returncode == 0
-        result = trajkit(*run_args(path, tmp_path, server, "--resume", "--max_turns", "7"))
+        result = trajkit(
+            *run_args(
+                path,
+                tmp_path,
+                server,
+                "--resume",
+                "--max_turns",
+                "7",
+                "--temperature",
+                "0.3",
+                "--max_rpm",
+                "9",
+            )
+        )
     assert result.returncode == 0
     assert "max_turns changed from 10 to 7" in result.stderr
     manifest = json.loads((tmp_path / "r" / "run.json").read_text())
-    assert manifest["invocations"][-1]["config_changes"] == {"max_turns": [10, 7]}
+    # a model client's setting that changes the output is watched too (max_rpm does not)
+    assert manifest["invocations"][-1]["config_changes"] == {"max_turns": [10, 7], "temperature": [None, 0.3]}
     assert json.loads((tmp_path / "r" / "statistics.json").read_text())["invocations"] == 2

@@ -38,26 +38,7 @@ def option(
     name: str, dest: str | None = None, **kwargs: Any
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A click option under ``--snake_case`` and ``--kebab-case``, stored as ``dest`` (default: the name)."""
-    spellings = dict.fromkeys([f"--{name}", f"--{name.replace('_', '-')}"])
-    return click.option(*spellings, dest or name, **kwargs)
-
-
-def comma_list(_ctx: click.Context, _param: click.Parameter, value: str | None) -> list[str]:
-    return [part.strip() for part in value.split(",") if part.strip()] if value else []
-
-
-def key_values(
-    _ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]
-) -> dict[str, dict[str, str]]:
-    """``docker.network=host`` -> {"docker": {"network": "host"}}."""
-    options: dict[str, dict[str, str]] = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        backend, dot, setting = key.partition(".")
-        if not sep or not dot or not backend or not setting:
-            raise click.BadParameter(f"{item!r}: expected BACKEND.KEY=VALUE, e.g. docker.network=host")
-        options.setdefault(backend, {})[setting] = value
-    return options
+    return click.option(*spellings(name), dest or name, **kwargs)
 
 
 def load_host(ctx: click.Context) -> PluginHost:

@@ -23,7 +23,7 @@ from typing import Any
 
 from trajkit import __version__
 from trajkit.agent import ConversationResult
-from trajkit.config import OUTPUT_AFFECTING, RunConfig
+from trajkit.config import RunConfig
 from trajkit.dataset import PlannedRow, WorkItem, prompt_id
 from trajkit.filters import TrajectoryFilter
 from trajkit.finalize import merge_run, rejection
@@ -99,7 +99,7 @@ class Recorder:
                 )
             entry = {"started": self.started.isoformat(), "pending_at_start": 0, "served": True}
             plugins = dict(sorted(host.sources.items()))
-            self.manifest.start(self.config.manifest(), plugins, entry, OUTPUT_AFFECTING)
+            self.manifest.start(self.config.manifest(), plugins, entry, self.config.watched())
             self.index = scan(self.run_dir)
         except BaseException:
             self.lock.release()
