@@ -254,6 +254,7 @@ def settings(ctx: click.Context, as_json: bool, markdown: bool) -> None:
     """List every setting of `trajkit run`: its configuration key, flag, type, default and what it
     does, the core's first, then each installed plugin's."""
     from trajkit.cli_options import every_setting, settings_page
+    from trajkit.settings import field_type
 
     if markdown:
         click.echo(settings_page(load_host(ctx)), nl=False)
@@ -262,7 +263,7 @@ def settings(ctx: click.Context, as_json: bool, markdown: bool) -> None:
     for title, key, flag, field in every_setting(load_host(ctx)):
         default = None if field.is_required() else field.get_default(call_default_factory=True)
         if as_json:
-            kind = describe_field_type(field)
+            kind = field_type(field)
             entry = {"group": title, "key": key, "flag": flag, "type": kind, "default": default}
             click.echo(json.dumps({**entry, "description": field.description or ""}, default=str))
             continue
@@ -270,17 +271,9 @@ def settings(ctx: click.Context, as_json: bool, markdown: bool) -> None:
             group = title
             click.echo(f"\n{title}:" if title != "run" else "run (the core):")
         click.echo(f"  {key} = {json.dumps(default, default=str)}")
-        click.echo(
-            f"      {describe_field_type(field)}" + (f"; {flag}" if flag else "; configuration file only")
-        )
+        click.echo(f"      {field_type(field)}" + (f"; {flag}" if flag else "; configuration file only"))
         if field.description:
             click.echo(f"      {' '.join(field.description.split())}")
-
-
-def describe_field_type(field: Any) -> str:
-    from trajkit.settings import field_type
-
-    return field_type(field)
 
 
 @cli.command()
