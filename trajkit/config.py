@@ -53,7 +53,8 @@ class RunConfig(BaseModel):
 
     dataset_file: Path | None = None
     """JSONL file, one {"prompt": ...} per line (required); or a Parquet, CSV or JSON (an array of
-    objects) file, a Hugging Face dataset directory saved with save_to_disk, or hf://OWNER/NAME[:SPLIT] from the local Hugging Face cache."""
+    objects) file, a Hugging Face dataset directory saved with save_to_disk, or
+    hf://OWNER/NAME[:SPLIT] from the local Hugging Face cache."""
     prompt_field: str = Field("prompt", min_length=1)
     """The dataset's column that holds the prompt."""
     run_name: str = "run"
