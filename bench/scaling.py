@@ -65,7 +65,7 @@ def server_args(mode: str, latency: float) -> list[str]:
 
 async def _unloaded_tool_time(mode: str, root: Path, reps: int) -> float:
     """Median seconds of one trajectory's tool work alone: sandbox create, three calls, close."""
-    from trajkit.plugins import toolsets
+    from trajkit.plugins import file_tools, toolsets
     from trajkit.plugins.local_sandbox import LocalBackend
     from trajkit.sandbox import SandboxSpec
     from trajkit.tools import ToolContext
@@ -80,9 +80,9 @@ async def _unloaded_tool_time(mode: str, root: Path, reps: int) -> float:
             for _ in range(3):
                 await toolsets.terminal({"command": "true"}, context)
         else:
-            await toolsets.write_file({"path": "notes/n0.txt", "content": "hello\n"}, context)
-            await toolsets.read_file({"path": "notes/n0.txt"}, context)
-            await toolsets.write_file({"path": "notes/n2.txt", "content": "hello\n"}, context)
+            await file_tools.write_file({"path": "notes/n0.txt", "content": "hello\n"}, context)
+            await file_tools.read_file({"path": "notes/n0.txt"}, context)
+            await file_tools.write_file({"path": "notes/n2.txt", "content": "hello\n"}, context)
         await sandbox.close()
         times.append(time.perf_counter() - started)
     await backend.reap("bench-unloaded")

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from trajkit.plugins import toolsets
+from trajkit.plugins import file_tools, toolsets
 from trajkit.plugins.local_sandbox import LocalBackend
 from trajkit.sandbox import Sandbox, SandboxSpec
 from trajkit.secrets import REDACTED, Scrubber, environment_secrets
@@ -37,7 +37,7 @@ def test_a_large_file_is_read_as_head_and_tail_with_its_size(tmp_path: Path) -> 
 
     async def body(ctx: ToolContext) -> str:
         await ctx.sandbox.write_file("big.txt", text.encode())
-        return await toolsets.read_file({"path": "big.txt"}, ctx)
+        return await file_tools.read_file({"path": "big.txt"}, ctx)
 
     shown = with_tools(tmp_path, body)
     assert shown.startswith("line 000000\n") and shown.endswith("line 049999\n")
@@ -47,17 +47,17 @@ def test_a_large_file_is_read_as_head_and_tail_with_its_size(tmp_path: Path) -> 
 
 
 def test_patch_refuses_to_build_a_file_past_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(toolsets, "MAX_FILE_BYTES", 100_000)
+    monkeypatch.setattr(file_tools, "MAX_FILE_BYTES", 100_000)
 
     async def body(ctx: ToolContext) -> tuple[str, bytes]:
         await ctx.sandbox.write_file("a.txt", b"a" * 1000)
         with pytest.raises(ToolError, match="would be 1000000 bytes"):
-            await toolsets.patch(
+            await file_tools.patch(
                 {"path": "a.txt", "old_string": "a", "new_string": "b" * 1000, "replace_all": True}, ctx
             )
         with pytest.raises(ToolError, match="content is 100001 bytes"):
-            await toolsets.write_file({"path": "b.txt", "content": "x" * 100_001}, ctx)
-        done = await toolsets.patch({"path": "a.txt", "old_string": "a" * 1000, "new_string": "ok"}, ctx)
+            await file_tools.write_file({"path": "b.txt", "content": "x" * 100_001}, ctx)
+        done = await file_tools.patch({"path": "a.txt", "old_string": "a" * 1000, "new_string": "ok"}, ctx)
         return done, await ctx.sandbox.read_file("a.txt")
 
     done, content = with_tools(tmp_path, body)
@@ -82,8 +82,8 @@ def test_refusals_say_why_without_host_paths(tmp_path: Path, setup: str, path: s
             await ctx.sandbox.exec(setup, timeout=30)
         said = []
         for tool, args in (
-            (toolsets.read_file, {}),
-            (toolsets.patch, {"old_string": "a", "new_string": "b"}),
+            (file_tools.read_file, {}),
+            (file_tools.patch, {"old_string": "a", "new_string": "b"}),
         ):
             with pytest.raises(ToolError) as refused:
                 await tool({"path": path, **args}, ctx)

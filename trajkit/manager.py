@@ -41,6 +41,7 @@ DEFAULT_PLUGINS = (
     "trajkit.plugins.scripted_model",
     "trajkit.plugins.local_sandbox",
     "trajkit.plugins.toolsets",
+    "trajkit.plugins.file_tools",
     "trajkit.plugins.distributions",
     "trajkit.plugins.filters",
     "trajkit.plugins.scorers",
