@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from trajkit.model import AssistantMessage, Message, ModelClient, ToolCall, Usage
 from trajkit.sandbox import Sandbox, SandboxError, cap_text
-from trajkit.tools import Tool, ToolContext, ToolError, ToolOutcome
+from trajkit.tools import Tool, ToolContext, ToolError, ToolOutcome, ToolSession
 
 
 @dataclass
@@ -75,6 +75,8 @@ class Session:
     """Called with every model reply as it arrives (``trajkit serve`` streams from it)."""
     on_tool: Callable[[ToolCall, ToolStatus], None] | None = None
     """Called when a tool call starts (``running``) and when it ends (``completed``/``failed``)."""
+    tool_session: ToolSession = field(default_factory=ToolSession)
+    """What the tools keep between calls and share with the run; its owner closes it."""
 
 
 def _wire(message: AssistantMessage) -> Message:
@@ -205,7 +207,9 @@ async def _run_tool(session: Session, call: ToolCall) -> ToolOutcome:
         return ToolOutcome(f"Error: arguments are not valid JSON ({exc}); send a JSON object.", ok=False)
     if not isinstance(arguments, dict):
         return ToolOutcome("Error: arguments must be a JSON object.", ok=False)
-    context = ToolContext(session.sandbox, session.tool_timeout, session.tool_output_cap)
+    context = ToolContext(
+        session.sandbox, session.tool_timeout, session.tool_output_cap, session.tool_session
+    )
     try:
         content = await tool.run(arguments, context)
     except ToolError as exc:

@@ -156,13 +156,14 @@ def execute(config: RunConfig, host: PluginHost) -> int:
     from trajkit.model import ModelConfigError
     from trajkit.rundir import RunIOError, RunLocked
     from trajkit.runner import EXIT_IO, EXIT_LOCKED, EXIT_USAGE, RunError, Runner
+    from trajkit.tools import ToolsetError
 
     _wait_for_children_in_the_loop()
     _raise_open_file_limit()
     try:
         runner = Runner(config, host)
         outcome = asyncio.run(runner.run())
-    except (RunError, PluginError, ModelConfigError, DatasetError) as exc:
+    except (RunError, PluginError, ModelConfigError, DatasetError, ToolsetError) as exc:
         click.echo(f"error: {exc}", err=True)
         return EXIT_USAGE
     except RunLocked as exc:

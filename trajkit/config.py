@@ -140,6 +140,8 @@ class RunConfig(BaseModel):
     """Writer name -> its settings."""
     executor_options: dict[str, Any] = {}
     """Executor name -> its settings."""
+    toolset_options: dict[str, Any] = {}
+    """Toolset name -> its settings."""
 
     compress: CompressStep = CompressStep()
     """The compression step after every merge (off until compress.max_tokens is set)."""
@@ -160,14 +162,15 @@ class RunConfig(BaseModel):
     def run_dir(self) -> Path:
         return self.output_dir / self.run_name
 
-    def settings_of(self, plugin: type[Any]) -> Any:
-        """A plugin class's settings in this run: its validated section, else its defaults."""
+    def settings_of(self, plugin: Any) -> Any:
+        """A plugin's settings in this run (a class, or a toolset): its validated section, else its defaults."""
         for section in (
             self.model_options,
             self.sandbox_options,
             self.filter_options,
             self.writer_options,
             self.executor_options,
+            self.toolset_options,
         ):
             found = section.get(getattr(plugin, "name", ""))
             if isinstance(found, plugin.Settings):

@@ -6,7 +6,7 @@ declares the rest in its ``Settings`` model, reached through one *concern* per r
 
 - model clients' settings are top-level keys and flags of their own name (``max_retries``,
   ``--max_retries``): a run uses one client, and the reference runner's flags keep working;
-- sandbox backends', filters', writers' and executors' settings live in a section per plugin
+- sandbox backends', filters', writers', executors' and toolsets' settings live in a section per plugin
   (``[sandbox_options.docker]``, ``--docker.network``, ``--sandbox_option docker.network=host``),
   since a run uses several of each.
 
@@ -56,6 +56,7 @@ CONCERNS = (
     Concern("filter", "filters", "filter_options"),
     Concern("writer", "writers", "writer_options"),
     Concern("executor", "executors", "executor_options"),
+    Concern("toolset", "toolsets", "toolset_options"),
 )
 
 

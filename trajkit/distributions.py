@@ -29,6 +29,10 @@ class Distribution:
         if not any(p > 0 for p in self.probabilities.values()):
             raise ValueError(f"distribution {self.name!r} gives every toolset probability 0")
 
+    def drawn(self) -> list[str]:
+        """The toolsets a draw can include (probability above 0), sorted."""
+        return sorted(name for name, p in self.probabilities.items() if p > 0)
+
     def sample(self, rng: random.Random) -> list[str]:
         """Draw a non-empty set of toolsets, exactly from the conditional distribution.
 

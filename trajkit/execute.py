@@ -26,7 +26,7 @@ from trajkit.retry import backoff_delay
 from trajkit.rundir import tool_schemas_key
 from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxError, SandboxSpec
 from trajkit.scorers import ScoreContext, score_session
-from trajkit.tools import Tool
+from trajkit.tools import Tool, ToolRun, ToolSession, close_session, open_toolsets
 
 log = logging.getLogger("trajkit")
 
@@ -47,6 +47,7 @@ class Sessions:
         self.config = plan.config
         self.host = host
         self.client: ModelClient | None = None
+        self.tool_run = ToolRun(plan.config)
         self.backends: dict[str, SandboxBackend] = {}
         self.digests: dict[tuple[str, str], str | None] = {}
         self.image_failures: dict[tuple[str, str], str] = {}
@@ -62,6 +63,8 @@ class Sessions:
         """Check the model client, start the plan's backends and verify its images."""
         self.client = self.host.model_client(self.config.model).from_config(self.config)
         await self.client.check()  # a wrong URL, key or model stops the run here, before any sandbox
+        drawn = [self.host.toolsets[name] for name in self.plan.distribution.drawn()]
+        self.tool_run = await open_toolsets(drawn, self.config)
         for name in self.plan.backends:
             backend = self.host.backend(name)(self.config.sandbox_options.get(name))
             self.backends[name] = backend
@@ -90,6 +93,10 @@ class Sessions:
         """Close the client, reap this run's sandboxes and close the backends."""
         if self.client is not None:
             await self.client.aclose()
+        try:
+            await self.tool_run.aclose()
+        except Exception as exc:
+            log.warning("toolsets: closing failed: %s", exc)
         for name, backend in self.backends.items():
             try:
                 await backend.reap(self.plan.run_id)
@@ -204,6 +211,7 @@ class Sessions:
             lifetime=min(config.sandbox_lifetime, config.prompt_timeout + 120),
         )
         sandbox = await self.backends[order.backend].create(spec)
+        tool_session = ToolSession(self.tool_run)
         try:
             session = Session(
                 client=self.client,
@@ -216,6 +224,7 @@ class Sessions:
                 max_turns=config.max_turns,
                 tool_timeout=config.tool_timeout,
                 tool_output_cap=config.tool_output_cap,
+                tool_session=tool_session,
             )
             result = await run_conversation(session, item.row.prompt)
             if not self.scorers:
@@ -225,4 +234,4 @@ class Sessions:
             context = ScoreContext(row, result.final_response, result.messages, sandbox, config.check_timeout)
             return result, await score_session(self.scorers, context)
         finally:
-            await asyncio.shield(sandbox.close())
+            await asyncio.shield(close_session(tool_session, sandbox))

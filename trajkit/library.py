@@ -17,6 +17,7 @@ from trajkit.config import DEFAULT_SYSTEM_PROMPT
 from trajkit.configure import resolve
 from trajkit.manager import PluginHost, load_plugins
 from trajkit.sandbox import SandboxSpec
+from trajkit.tools import ToolRun, ToolSession, close_session, open_toolsets
 
 
 class Agent:
@@ -61,18 +62,22 @@ class Agent:
         unknown = sorted(set(names) - set(toolsets))
         if unknown:
             raise ValueError(f"unknown toolsets {unknown}; available: {sorted(toolsets)}")
-        self.tools = {t.name: t for n in names if n not in disabled_toolsets for t in toolsets[n].tools}
+        self.toolsets = [toolsets[n] for n in names if n not in disabled_toolsets]
+        self.tools = {t.name: t for toolset in self.toolsets for t in toolset.tools}
         self.image = image
 
     async def arun_conversation(self, prompt: str) -> ConversationResult:
 
         client = self.host.model_client(self.config.model).from_config(self.config)
         backend = self.host.backend(self.config.sandbox)(self.config.sandbox_options.get(self.config.sandbox))
+        tool_run = ToolRun(self.config)
         try:
+            tool_run = await open_toolsets(self.toolsets, self.config)
             if self.image:
                 await backend.verify_image(self.image)
             spec = SandboxSpec(run_id=f"agent-{uuid.uuid4().hex[:8]}", work_id="0", image=self.image)
             sandbox = await backend.create(spec)
+            tool_session = ToolSession(tool_run)
             try:
                 session = Session(
                     client=client,
@@ -82,11 +87,13 @@ class Agent:
                     system_prompt=self.config.system_prompt,
                     ephemeral_system_prompt=self.config.ephemeral_system_prompt,
                     max_turns=self.config.max_turns,
+                    tool_session=tool_session,
                 )
                 return await run_conversation(session, prompt)
             finally:
-                await sandbox.close()
+                await close_session(tool_session, sandbox)
         finally:
+            await tool_run.aclose()
             await backend.aclose()
             await client.aclose()
 

@@ -27,6 +27,7 @@ from trajkit.secrets import Scrubber, environment_secrets
 from trajkit.serve.protocol import ChatRequest, ProtocolError
 from trajkit.serve.recorder import Recorder
 from trajkit.serve.settings import ServeSettings
+from trajkit.tools import ToolRun, ToolSession, close_session, open_toolsets
 
 log = logging.getLogger("trajkit")
 
@@ -53,7 +54,9 @@ class ServedAgent:
         unknown = sorted(set(toolsets) - set(host.toolsets))
         if unknown:
             raise ValueError(f"unknown toolsets {unknown}; available: {sorted(host.toolsets)}")
-        self.run_tools = sorted(t.name for ts in toolsets for t in host.toolsets[ts].tools)
+        self.toolsets = [host.toolsets[name] for name in toolsets]
+        self.run_tools = sorted(t.name for ts in self.toolsets for t in ts.tools)
+        self.tool_run = ToolRun(config)
         self.run_id = f"serve-{os.getpid()}-{int(time.time())}"
         self.scrubber = Scrubber([*config.secret_values(), *environment_secrets()])
         if settings.key():
@@ -72,6 +75,7 @@ class ServedAgent:
         """Check the endpoint, start the backend (clearing what dead servers left), open the run."""
         self.client = self.client_class.from_config(self.config)
         await self.client.check()
+        self.tool_run = await open_toolsets(self.toolsets, self.config)
         backend_class = self.host.backend(self.config.sandbox)
         self.backend = backend_class(self.config.sandbox_options.get(self.config.sandbox, {}))
         reaped = await self.backend.reap()
@@ -86,6 +90,7 @@ class ServedAgent:
                 await self.recorder.close()
         finally:
             await self.client.aclose()
+            await self.tool_run.aclose()
             await self.backend.reap(self.run_id)
             await self.backend.aclose()
 
@@ -143,12 +148,14 @@ class ServedAgent:
             lifetime=min(self.config.sandbox_lifetime, self.settings.request_timeout + 120),
         )
         sandbox = await self.backend.create(spec)
+        tool_session = ToolSession(self.tool_run)
         try:
             session = self._session(sandbox, tools, system, client_tools, replied, on_tool)
             session.model_params = request.model_params()
+            session.tool_session = tool_session
             result = await run_conversation(session, conversation)
         finally:
-            await _close(sandbox)
+            await _close(tool_session, sandbox)
         if self.recorder is not None:
             schemas = [tools[name].schema() for name in sorted(tools)]
             schemas += sorted(client_tools, key=lambda schema: schema["function"]["name"])
@@ -187,10 +194,10 @@ class ServedAgent:
         )
 
 
-async def _close(sandbox: Sandbox) -> None:
-    """Close the sandbox even when the session was cancelled (a client that went away): the close
-    runs to its end before the cancellation goes on."""
-    closing = asyncio.ensure_future(sandbox.close())
+async def _close(tool_session: ToolSession, sandbox: Sandbox) -> None:
+    """Close the session and its sandbox even when the session was cancelled (a client that went
+    away): the close runs to its end before the cancellation goes on."""
+    closing = asyncio.ensure_future(close_session(tool_session, sandbox))
     try:
         await asyncio.shield(closing)
     except asyncio.CancelledError:
