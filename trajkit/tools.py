@@ -127,6 +127,10 @@ class Toolset:
     description: str
     tools: tuple[Tool, ...]
     Settings: ClassVar[type[StrictSettings]] = NoSettings
+    optional: ClassVar[bool] = False
+    """What a run does when :meth:`problem` finds a reason: an optional toolset (one that is off
+    until configured, such as an image endpoint) is left out of the run's draws, said once; any
+    other stops the run before it writes anything, saying what to set."""
 
     def problem(self, settings: Any) -> str | None:
         """Why this toolset cannot be offered with ``settings`` (an endpoint or key not set, a
