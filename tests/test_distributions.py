@@ -56,3 +56,21 @@ def test_invalid_distributions_are_refused() -> None:
         Distribution("bad", "", {"a": 1.5})
     with pytest.raises(ValueError, match="probability 0"):
         Distribution("zero", "", {"a": 0.0})
+
+
+def test_a_restricted_draw_is_exact_over_what_is_left() -> None:
+    """Toolsets a run cannot offer are taken out before the draw: the draw is then the exact
+    conditional distribution over the rest, not the full draw with those toolsets dropped (which
+    would leave some prompts with nothing)."""
+    full = Distribution("t", "", {"web": 0.9, "browser": 0.7, "vision": 0.5, "terminal": 0.1, "file": 0.3})
+    left = full.restricted(["terminal", "file"])
+    assert dict(left.probabilities) == {"terminal": 0.1, "file": 0.3}
+    rng = random.Random(11)
+    draws = 40_000
+    seen = Counter(tuple(left.sample(rng)) for _ in range(draws))
+    for combo, p in exact_conditional({"terminal": 0.1, "file": 0.3}).items():
+        assert abs(seen[combo] / draws - p) < 0.012, (combo, seen[combo] / draws, p)
+    shares = left.marginals()
+    assert shares["file"] == pytest.approx(0.3 / (1 - 0.9 * 0.7))
+    assert abs(sum("file" in combo for combo in seen.elements()) / draws - shares["file"]) < 0.012
+    assert full.restricted(["terminal"]).marginals() == {"terminal": 1.0}

@@ -21,8 +21,23 @@ def test_chat_uses_only_the_enabled_toolsets() -> None:
 def test_disabled_toolsets_and_unknown_names() -> None:
     agent = Agent(disabled_toolsets=["terminal", "code"])
     assert sorted(agent.tools) == ["patch", "read_file", "search_files", "write_file"]
-    with pytest.raises(ValueError, match="unknown toolsets"):
+    with pytest.raises(ValueError, match="no installed plugin provides toolset 'web'"):
         Agent(enabled_toolsets=["web"])
+    with pytest.raises(ValueError, match=r"toolset 'fiel' \(did you mean file\?\)"):
+        Agent(disabled_toolsets=["fiel"])
+    assert sorted(Agent(enabled_toolsets=["file", "code"], disabled_toolsets=["code"]).tools) == sorted(
+        agent.tools
+    )
+
+
+def test_a_distribution_is_drawn_per_conversation_over_what_can_be_offered() -> None:
+    """The library takes the run's distribution setting like any other; toolsets another package
+    provides are left out of its draw as in a run."""
+    agent = Agent(distribution="development")
+    assert sorted(toolset.name for toolset in agent.toolsets) == ["file", "terminal"]
+    assert agent.offer.left_out.keys() == {"web", "vision"}
+    with pytest.raises(ValueError, match="pass one of them"):
+        Agent(distribution="development", enabled_toolsets=["file"])
 
 
 def test_parallel_calls_and_max_turns_against_a_real_endpoint() -> None:

@@ -83,15 +83,16 @@ def run(ctx: click.Context, **flags: Any) -> None:
     `trajkit settings` lists them all with their types and defaults.
     """
     host = load_host(ctx)
-    if flags.pop("list_distributions"):
-        print_distributions(host)
-        return
+    listing = flags.pop("list_distributions")
     if ctx.get_parameter_source("api_key") is ParameterSource.COMMANDLINE:
         log.warning(
             "--api_key: the key is visible to every process of this machine; "
             "prefer the environment or --api_key_file"
         )
     given, places = read_given(ctx, flags)
+    if listing:  # with this command's settings: a toolset's problem depends on them
+        print_distributions(host, configure(host, given, places))
+        return
     for required in ("dataset_file", "run_name"):
         if not given.get(required):
             raise click.UsageError(f"--{required} is required (on the command line or in --config)")
@@ -234,17 +235,65 @@ def read_prefill(path: Path) -> list[dict[str, Any]]:
     return messages
 
 
-def print_distributions(host: PluginHost) -> None:
-    for name, distribution in sorted(host.distributions.items()):
-        shares = ", ".join(f"{ts} {p:.0%}" for ts, p in sorted(distribution.probabilities.items()))
-        click.echo(f"{name:16} {shares}  ({distribution.description})")
+def print_distributions(host: PluginHost, config: RunConfig, as_json: bool = False) -> None:
+    """Each distribution: its toolsets with their weights, and which of them this run could not
+    offer and why."""
+    from trajkit.offer import OfferError, listing
+
+    try:
+        entries = listing(config, host)
+    except OfferError as exc:
+        raise click.UsageError(str(exc)) from None
+    if as_json:
+        for entry in entries:
+            click.echo(json.dumps(entry))
+        return
+    reasons: dict[str, str] = {}
+    for entry in entries:
+        shares = ", ".join(f"{ts} {p:.0%}" for ts, p in entry["probabilities"].items())
+        click.echo(f"{entry['name']}{' (default)' if entry['default'] else ''}: {shares}")
+        click.echo(f"    {entry['description']}")
+        if entry["missing"]:
+            missing = f"missing: {', '.join(entry['missing'])}"
+            if entry["stops"]:
+                state = f"a run stops until {', '.join(entry['stops'])} is set up"
+            elif entry["offered_here"]:
+                state = "offers " + ", ".join(f"{ts} {p:.0%}" for ts, p in entry["offered_here"].items())
+            else:
+                state = "cannot run"
+            click.echo(f"    here: {state} ({missing})")
+            reasons.update(entry["missing"])
+    if reasons:
+        click.echo("\nmissing toolsets:")
+        for name, reason in sorted(reasons.items()):
+            click.echo(f"    {name}: {reason}")
 
 
 @cli.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="A run's configuration file: its distributions and toolset settings count.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per distribution.")
+@click.option("--markdown", is_flag=True, help="A Markdown table (the README's is made so).")
 @click.pass_context
-def distributions(ctx: click.Context) -> None:
-    """List toolset distributions and their probabilities."""
-    print_distributions(load_host(ctx))
+def distributions(ctx: click.Context, config_path: Path | None, as_json: bool, markdown: bool) -> None:
+    """List toolset distributions: each one's toolsets with the share of prompts offered each,
+    and which of them cannot be offered here and why."""
+    from trajkit.offer import markdown_table
+
+    host = load_host(ctx)
+    if markdown:
+        click.echo(markdown_table(host), nl=False)
+        return
+    try:
+        given = read_config_file(config_path) if config_path else {}
+    except ConfigFileError as exc:
+        raise click.UsageError(str(exc)) from None
+    places = {key: f"{config_path}: {key}" for key in given}
+    print_distributions(host, configure(host, given, places), as_json)
 
 
 @cli.command()

@@ -6,7 +6,7 @@ import fnmatch
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -17,12 +17,15 @@ DEFAULT_SYSTEM_PROMPT = (
     "to inspect, create and run things; think step by step, check results, and finish with a "
     "concise answer."
 )
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 # Settings that change what a session produces: resuming with any of them changed mixes two
 # configurations in one dataset, so the run warns and records it.
 # Plugin settings of this kind say so with ``json_schema_extra={"affects_output": True}``.
-OUTPUT_AFFECTING = ("model", "distribution", "max_turns", "seed", "system_prompt")
+OUTPUT_AFFECTING = (
+    "model", "distribution", "toolsets", "disabled_toolsets", "max_turns", "seed", "system_prompt"
+)  # fmt: skip
 
 
 class Route(BaseModel):
@@ -63,8 +66,15 @@ class RunConfig(BaseModel):
     """Where run directories are made."""
     batch_size: int = Field(100, ge=1)
     """Records per ledger file."""
-    distribution: str = "default"
-    """Toolset distribution sampled per prompt (--list_distributions lists them)."""
+    distribution: str | None = None
+    """Toolset distribution drawn per prompt (default: the one a plugin marks as default, the
+    built-in sandboxed; trajkit distributions lists them)."""
+    toolsets: list[str] = []
+    """Offer exactly these toolsets to every prompt (comma-separated) instead of drawing from a
+    distribution."""
+    disabled_toolsets: list[str] = []
+    """Never offer these toolsets (comma-separated): left out of the distribution's draw or of
+    --toolsets."""
     model: str = "scripted"
     """'scripted' (offline), a model client's name, or a model slug for the client that takes any."""
     max_turns: int = Field(10, ge=1)
@@ -146,8 +156,9 @@ class RunConfig(BaseModel):
     compress: CompressStep = CompressStep()
     """The compression step after every merge (off until compress.max_tokens is set)."""
 
-    distributions: dict[str, dict[str, float]] = {}
-    """Distributions defined in the configuration file: name -> toolset -> probability."""
+    distributions: dict[str, dict[str, Probability]] = Field({}, json_schema_extra=flag(cli=False))
+    """Distributions defined in the configuration file ([distributions.NAME], a probability in
+    [0, 1] per toolset: 0.9 offers it to 90% of prompts)."""
     routes: list[Route] = []
     """Rules choosing the backend of rows that name none, tried in order before the defaults."""
 

@@ -3,13 +3,15 @@
 A draw flips one coin per toolset and is conditioned on "at least one toolset": it is sampled
 *exactly* from that conditional distribution (not by falling back to the most likely toolset),
 and seeded by the run's seed and the work item's identity, so it does not depend on the order in
-which prompts run.
+which prompts run. A run draws over the toolsets it can offer (:mod:`trajkit.offer`): a
+distribution naming others is :meth:`Distribution.restricted` to those first, and the draw is
+then exact over what is left.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -19,6 +21,8 @@ class Distribution:
     description: str
     probabilities: Mapping[str, float]
     """Toolset name -> probability in [0, 1] that the toolset is offered to a prompt."""
+    default: bool = False
+    """The distribution a run draws when none is named (one plugin's, at most)."""
 
     def __post_init__(self) -> None:
         for toolset, p in self.probabilities.items():
@@ -32,6 +36,20 @@ class Distribution:
     def drawn(self) -> list[str]:
         """The toolsets a draw can include (probability above 0), sorted."""
         return sorted(name for name, p in self.probabilities.items() if p > 0)
+
+    def marginals(self) -> dict[str, float]:
+        """Toolset -> the share of prompts that get it, given that every prompt gets at least one
+        (each weight divided by the chance that a draw is not empty)."""
+        none = 1.0
+        for p in self.probabilities.values():
+            none *= 1.0 - p
+        return {name: round(p / (1.0 - none), 12) for name, p in self.probabilities.items() if p > 0}
+
+    def restricted(self, toolsets: Iterable[str]) -> Distribution:
+        """The distribution over ``toolsets`` alone (the others never drawn)."""
+        kept = set(toolsets)
+        probabilities = {name: p for name, p in self.probabilities.items() if name in kept}
+        return Distribution(self.name, self.description, probabilities, self.default)
 
     def sample(self, rng: random.Random) -> list[str]:
         """Draw a non-empty set of toolsets, exactly from the conditional distribution.

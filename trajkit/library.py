@@ -8,6 +8,8 @@ agent.run_conversation("List the files")      # -> final_response and messages
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -16,8 +18,12 @@ from trajkit.agent import ConversationResult, Session, run_conversation
 from trajkit.config import DEFAULT_SYSTEM_PROMPT
 from trajkit.configure import resolve
 from trajkit.manager import PluginHost, load_plugins
+from trajkit.offer import Offer, missing
+from trajkit.offer import resolve as resolve_offer
 from trajkit.sandbox import SandboxSpec
 from trajkit.tools import ToolRun, ToolSession, close_session, open_toolsets
+
+log = logging.getLogger("trajkit")
 
 
 class Agent:
@@ -57,14 +63,25 @@ class Agent:
                 **settings,
             ),
         )
-        toolsets = self.host.toolsets
-        names = list(enabled_toolsets) if enabled_toolsets is not None else sorted(toolsets)
-        unknown = sorted(set(names) - set(toolsets))
-        if unknown:
-            raise ValueError(f"unknown toolsets {unknown}; available: {sorted(toolsets)}")
-        self.toolsets = [toolsets[n] for n in names if n not in disabled_toolsets]
+        self.offer = self._offer(enabled_toolsets, disabled_toolsets)
+        self.toolsets = [self.host.toolsets[name] for name in self.offer.distribution.drawn()]
         self.tools = {t.name: t for toolset in self.toolsets for t in toolset.tools}
+        """Every tool a conversation may be offered."""
         self.image = image
+
+    def _offer(self, enabled: Sequence[str] | None, disabled: Sequence[str]) -> Offer:
+        """``enabled``: exactly these toolsets (as ``--toolsets``); None: the ``distribution``
+        setting's draw per conversation if given, else every installed toolset that can run."""
+        toolsets = list(enabled) if enabled is not None else []
+        if enabled is None and self.config.distribution is None:
+            absent = missing(self.host.toolsets, self.config, self.host)
+            toolsets = sorted(name for name in self.host.toolsets if name not in absent)
+        config = self.config.model_copy(update={"toolsets": toolsets, "disabled_toolsets": list(disabled)})
+        found = resolve_offer(config, self.host)
+        notice = found.notice()
+        if notice and not found.fixed:
+            log.warning("%s", notice)
+        return found
 
     async def arun_conversation(self, prompt: str) -> ConversationResult:
 
@@ -78,11 +95,12 @@ class Agent:
             spec = SandboxSpec(run_id=f"agent-{uuid.uuid4().hex[:8]}", work_id="0", image=self.image)
             sandbox = await backend.create(spec)
             tool_session = ToolSession(tool_run)
+            drawn = self.offer.distribution.sample(random.Random())
             try:
                 session = Session(
                     client=client,
                     sandbox=sandbox,
-                    tools=self.tools,
+                    tools={t.name: t for name in drawn for t in self.host.toolsets[name].tools},
                     known_tools=frozenset(self.tools),
                     system_prompt=self.config.system_prompt,
                     ephemeral_system_prompt=self.config.ephemeral_system_prompt,

@@ -17,6 +17,8 @@ from trajkit.executor import WorkOrder
 from trajkit.filters import TrajectoryFilter
 from trajkit.ledger import LedgerIndex, Location, assign
 from trajkit.manager import PluginError, PluginHost
+from trajkit.offer import Offer, OfferError
+from trajkit.offer import resolve as resolve_offer
 from trajkit.scorers import row_problems
 from trajkit.writers import OutputWriter
 
@@ -30,31 +32,22 @@ class RunError(RuntimeError):
 # -- the configuration's plugins ---------------------------------------------------------------------
 
 
-def distribution(config: RunConfig, host: PluginHost) -> Distribution:
-    """The run's toolset distribution: a plugin's, or one defined in the configuration file."""
-    distributions = dict(host.distributions)
-    for name, probabilities in config.distributions.items():
-        if name in distributions:
-            raise RunError(f"distribution {name!r} of the configuration file is also registered by a plugin")
-        try:
-            distributions[name] = Distribution(name, "from the configuration file", probabilities)
-        except ValueError as exc:
-            raise RunError(str(exc)) from None
-    if config.distribution not in distributions:
-        raise RunError(
-            f"unknown distribution {config.distribution!r}; available: {', '.join(sorted(distributions))}"
-            " (see --list_distributions)"
-        )
-    chosen = distributions[config.distribution]
-    missing = sorted(set(chosen.probabilities) - set(host.toolsets))
-    if missing:
-        raise RunError(f"distribution {chosen.name!r} names toolsets no plugin provides: {missing}")
-    return chosen
+def offer(config: RunConfig, host: PluginHost) -> Offer:
+    """What the run offers its prompts (a distribution over the toolsets it can offer, or a fixed
+    set); says once which toolsets of its distribution it leaves out and why."""
+    try:
+        found = resolve_offer(config, host)
+    except OfferError as exc:
+        raise RunError(str(exc)) from None
+    notice = found.notice()
+    if notice:
+        log.warning("%s", notice)
+    return found
 
 
 def run_tools(chosen: Distribution, host: PluginHost) -> list[str]:
     """Every tool the distribution may offer, sorted: the columns of the records' tool statistics."""
-    return sorted(t.name for ts in chosen.probabilities for t in host.toolsets[ts].tools)
+    return sorted(t.name for ts in chosen.drawn() for t in host.toolsets[ts].tools)
 
 
 def filters(config: RunConfig, host: PluginHost) -> list[TrajectoryFilter]:

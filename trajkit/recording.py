@@ -210,9 +210,26 @@ class RunRecorder:
 
 
 def record_invocation_start(
-    manifest: Manifest, config: RunConfig, host: PluginHost, started: datetime, pending: int, run_id: str
+    manifest: Manifest,
+    config: RunConfig,
+    host: PluginHost,
+    started: datetime,
+    pending: int,
+    run_id: str,
+    offer: dict[str, Any] | None = None,
 ) -> None:
-    entry = {"started": started.isoformat(), "pending_at_start": pending, "run_id": run_id}
+    """Record the invocation in ``run.json``; warn about each output-affecting change since the
+    last, the toolsets the run can offer included (``offer``: what :meth:`~trajkit.offer.Offer.record`
+    gives)."""
+    entry: dict[str, Any] = {"started": started.isoformat(), "pending_at_start": pending, "run_id": run_id}
+    if offer is not None:
+        entry["offer"] = offer
+        before = next((i["offer"] for i in reversed(manifest.invocations) if "offer" in i), None)
+        if before is not None and before["probabilities"] != offer["probabilities"]:
+            log.warning(
+                "resuming with the toolsets drawn changed from %s to %s: the dataset will mix both",
+                before["probabilities"], offer["probabilities"],
+            )  # fmt: skip
     plugins = dict(sorted(host.sources.items()))
     changes = manifest.start(config.manifest(), plugins, entry, config.watched())
     for key, (old, new) in changes.items():

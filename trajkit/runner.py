@@ -83,11 +83,15 @@ class Runner:
     """One invocation of ``trajkit run``: everything is resolved (and checked) when it is made."""
 
     def __init__(self, config: RunConfig, host: PluginHost) -> None:
+        self.offer = plan.offer(config, host)
+        if not self.offer.fixed and config.distribution is None:
+            # The run remembers the distribution it draws, whatever the default may later be.
+            config = config.model_copy(update={"distribution": self.offer.requested.name})
         self.config = config
         self.host = host
         self.run_dir = config.run_dir
         self.info = RunInfo(config.run_name, self.run_dir, config)
-        self.distribution = plan.distribution(config, host)
+        self.distribution = self.offer.distribution
         self.run_tools = plan.run_tools(self.distribution, host)
         self.filters = plan.filters(config, host)
         self.writers = plan.writers(config, host)
@@ -126,7 +130,9 @@ class Runner:
         paired, pending = work.pending(index)
         if pending:
             started = datetime.now(UTC)
-            record_invocation_start(self.manifest, self.config, self.host, started, len(pending), self.run_id)
+            record_invocation_start(
+                self.manifest, self.config, self.host, started, len(pending), self.run_id, self.offer.record()
+            )
             recorder, client_statistics = await self._execute(pending)
             record_invocation_end(self.manifest, recorder, started, client_statistics)
             if recorder.io_error is not None:

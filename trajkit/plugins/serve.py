@@ -32,7 +32,7 @@ EXIT_USAGE, EXIT_LOCKED = 2, 75
 # The run's settings a served session uses; the others (dataset, run directory, workers...) are
 # the server's business or mean nothing for one request.
 RUN_SETTINGS = (
-    "model", "distribution", "sandbox", "max_turns", "system_prompt", "ephemeral_system_prompt",
+    "model", "distribution", "toolsets", "disabled_toolsets", "sandbox", "max_turns", "system_prompt", "ephemeral_system_prompt",
     "tool_timeout", "tool_output_cap", "sandbox_lifetime", "filters", "disabled_filters", "seed",
 )  # fmt: skip
 

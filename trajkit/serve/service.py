@@ -44,18 +44,14 @@ class ServedAgent:
     """Everything the routes need to answer a chat completion."""
 
     def __init__(self, config: RunConfig, settings: ServeSettings, host: PluginHost) -> None:
-        self.config = config
+        plan = Runner(config, host)  # the run's own resolution of distribution, filters and writers
+        self.config = config = plan.config  # with the distribution drawn named
         self.settings = settings
         self.host = host
-        plan = Runner(config, host)  # the run's own resolution of distribution, filters and writers
-        self.distribution = plan.distribution
+        self.distribution = plan.distribution  # every toolset at 1.0 for --toolsets
         self.client_class = plan.client_class
-        toolsets = settings.toolsets or sorted(self.distribution.probabilities)
-        unknown = sorted(set(toolsets) - set(host.toolsets))
-        if unknown:
-            raise ValueError(f"unknown toolsets {unknown}; available: {sorted(host.toolsets)}")
-        self.toolsets = [host.toolsets[name] for name in toolsets]
-        self.run_tools = sorted(t.name for ts in self.toolsets for t in ts.tools)
+        self.toolsets = [host.toolsets[name] for name in self.distribution.drawn()]
+        self.run_tools = plan.run_tools
         self.tool_run = ToolRun(config)
         self.run_id = f"serve-{os.getpid()}-{int(time.time())}"
         self.scrubber = Scrubber([*config.secret_values(), *environment_secrets()])
@@ -130,7 +126,7 @@ class ServedAgent:
         client_tools = self.check_request(request)
         client_names = {schema["function"]["name"] for schema in client_tools}
         request_id = uuid.uuid4().hex[:16]
-        toolsets = self.settings.toolsets or self.distribution.sample(random.Random(request_id))
+        toolsets = self.distribution.sample(random.Random(request_id))
         tools = {t.name: t for name in toolsets for t in self.host.toolsets[name].tools}
         reasoning: list[str] = []
 

@@ -45,8 +45,6 @@ class ServeSettings(BaseModel):
     """How tool calls in progress are shown to a streaming client."""
     housekeeping: Literal["on", "off"] = "on"
     """Answer chat UIs' title/tag/follow-up requests with a plain model call."""
-    toolsets: list[str] = []
-    """Fixed toolsets for every request; empty: sample the run's distribution per request."""
     keepalive: float = Field(15.0, gt=0)
     """Seconds of silence on a stream before a keepalive comment is sent."""
     merge_interval: float = Field(60.0, gt=0)
