@@ -80,7 +80,9 @@ def trajkit_distributions() -> Sequence[Distribution]:
     """Register toolset distributions.
 
     :return: :class:`trajkit.distributions.Distribution` objects with unique names. A distribution
-        may only name toolsets that some plugin registers; the run checks this before starting.
+        may name toolsets of other packages: a run draws over those it can offer and says which it
+        leaves out (:mod:`trajkit.offer`). At most one installed distribution is marked
+        ``default``: the one a run draws when no ``--distribution`` is given.
     """
 
 
