@@ -32,18 +32,53 @@ def with_tools(root: Path, body: Callable[[ToolContext], Awaitable[T]]) -> T:
     return asyncio.run(main())
 
 
-def test_a_large_file_is_read_as_head_and_tail_with_its_size(tmp_path: Path) -> None:
-    text = "".join(f"line {i:06d}\n" for i in range(50_000))
+def test_read_file_numbers_lines_and_pages_through_a_long_file(tmp_path: Path) -> None:
+    lines = [f"line {i:06d}" for i in range(1, 50_001)]
 
-    async def body(ctx: ToolContext) -> str:
-        await ctx.sandbox.write_file("big.txt", text.encode())
-        return await file_tools.read_file({"path": "big.txt"}, ctx)
+    async def body(ctx: ToolContext) -> list[dict[str, Any]]:
+        await ctx.sandbox.write_file("big.txt", "\n".join(lines).encode() + b"\n")
+        read = [json.loads(await file_tools.read_file({"path": "big.txt", "offset": 1, "limit": 3}, ctx))]
+        read.append(json.loads(await file_tools.read_file({"path": "big.txt", "offset": 49_999}, ctx)))
+        read.append(json.loads(await file_tools.read_file({"path": "big.txt", "offset": 60_000}, ctx)))
+        pages, offset = [], 1
+        while offset is not None and len(pages) < 100:  # the default limit, cut to the output cap
+            pages.append(json.loads(await file_tools.read_file({"path": "big.txt", "offset": offset}, ctx)))
+            offset = pages[-1].get("next_offset") if pages[-1].get("next_offset", 0) <= 1200 else None
+        return [*read, *pages]
 
-    shown = with_tools(tmp_path, body)
-    assert shown.startswith("line 000000\n") and shown.endswith("line 049999\n")
-    omitted = len(text) - 4096
-    assert f"[... {omitted} bytes truncated ...]" in shown
-    assert len(shown) < 4096 + 100
+    first, end, past, *pages = with_tools(tmp_path, body)
+    assert first["content"] == "1|line 000001\n2|line 000002\n3|line 000003"
+    assert (first["total_lines"], first["next_offset"], first["truncated"]) == (50_000, 4, True)
+    assert first["file_size"] == len("\n".join(lines)) + 1
+    assert end["content"] == "49999|line 049999\n50000|line 050000" and "next_offset" not in end
+    assert past["content"] == "" and past["total_lines"] == 50_000
+    shown = [row for page in pages for row in page["content"].split("\n")]
+    assert shown[:1200] == [f"{n}|{lines[n - 1]}" for n in range(1, 1201)]  # no line lost or repeated
+    assert all(len(json.dumps(page).encode()) <= 4096 for page in pages) and len(pages) > 3
+
+
+def test_read_file_refuses_binary_and_cuts_long_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(file_tools, "MAX_FILE_BYTES", 10_000)
+
+    async def body(ctx: ToolContext) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        await ctx.sandbox.write_file("image.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+        with pytest.raises(ToolError) as binary:
+            await file_tools.read_file({"path": "image.png"}, ctx)
+        await ctx.sandbox.write_file("wide.txt", b"x" * 3000 + b"\nshort\n")
+        wide = json.loads(await file_tools.read_file({"path": "wide.txt"}, ctx))
+        await ctx.sandbox.write_file("huge.txt", b"a line\n" * 5000)
+        huge = json.loads(await file_tools.read_file({"path": "huge.txt", "limit": 2}, ctx))
+        return str(binary.value), wide, huge
+
+    binary, wide, huge = with_tools(tmp_path, body)
+    assert binary == "cannot read image.png: a binary file (16 bytes), not text"
+    assert wide["content"] == "1|" + "x" * 2000 + " [line cut]\n2|short"
+    assert huge["file_size"] == 35_000 and huge["content"] == "1|a line\n2|a line"
+    assert (
+        huge["note"] == "only the first 5000 bytes can be read with read_file; use the terminal for the rest"
+    )
 
 
 def test_patch_refuses_to_build_a_file_past_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,13 +90,13 @@ def test_patch_refuses_to_build_a_file_past_the_cap(tmp_path: Path, monkeypatch:
             await file_tools.patch(
                 {"path": "a.txt", "old_string": "a", "new_string": "b" * 1000, "replace_all": True}, ctx
             )
-        with pytest.raises(ToolError, match="content is 100001 bytes"):
+        with pytest.raises(ToolError, match=r"b\.txt would be 100001 bytes"):
             await file_tools.write_file({"path": "b.txt", "content": "x" * 100_001}, ctx)
         done = await file_tools.patch({"path": "a.txt", "old_string": "a" * 1000, "new_string": "ok"}, ctx)
         return done, await ctx.sandbox.read_file("a.txt")
 
     done, content = with_tools(tmp_path, body)
-    assert json.loads(done) == {"path": "a.txt", "replacements": 1}
+    assert json.loads(done) == {"path": "a.txt", "replacements": 1, "first_line": 1}
     assert content == b"ok"
 
 
