@@ -231,7 +231,7 @@ async def search_files(args: dict[str, Any], ctx: ToolContext) -> str:
     result = await ctx.sandbox.exec(command, timeout=ctx.timeout, output_cap=SEARCH_OUTPUT)
     if result.timed_out:
         raise ToolError(f"the search took longer than {ctx.timeout:g}s; search a smaller directory")
-    found = _found(result.stdout, target, mode, context)
+    found = _found(result.stdout, target, mode, context, ctx.sandbox.cwd if path.startswith("/") else "")
     if result.truncated:
         found["truncated"] = True  # its counts are lower bounds
     return _page(found, offset, limit, ctx.output_cap)
@@ -250,13 +250,14 @@ async def _search_path(path: str, ctx: ToolContext) -> str:
     if path == cwd or path.startswith(cwd + "/"):
         path = path[len(cwd) :].lstrip("/") or "."
     path = posixpath.normpath(path)
-    return path if path.startswith("/") else f"./{path}"  # never an option to find
+    return path if path.startswith("/") or path == "." else f"./{path}"  # never an option to find
 
 
-def _found(output: str, target: str, mode: str, context: int) -> dict[str, Any]:
-    """The search's output as what the model is shown, before paging: sorted by file and line."""
+def _found(output: str, target: str, mode: str, context: int, base: str) -> dict[str, Any]:
+    """The search's output as what the model is shown, before paging: sorted by file and line;
+    names relative to the working directory, or absolute under ``base`` if the path given was."""
     if target == "files":
-        files = sorted({_shown(name) for name in output.split("\0") if name.strip("\n")})
+        files = sorted({_shown(name, base) for name in output.split("\0") if name.strip("\n")})
         return {"files": files}
     lines: dict[str, dict[int, str]] = {}
     matches: list[tuple[str, int]] = []
@@ -265,7 +266,7 @@ def _found(output: str, target: str, mode: str, context: int) -> dict[str, Any]:
         number, kind, text = _numbered(rest)
         if not sep or number is None:
             continue  # a group separator, or a line cut by the output cap
-        name = _shown(name)
+        name = _shown(name, base)
         lines.setdefault(name, {})[number] = text
         if kind == ":":
             matches.append((name, number))
@@ -300,8 +301,10 @@ def _numbered(rest: str) -> tuple[int | None, str, str]:
     return int(rest[:digits]), rest[digits], rest[digits + 1 :]
 
 
-def _shown(name: str) -> str:
-    return name[2:] if name.startswith("./") else name
+def _shown(name: str, base: str) -> str:
+    while name.startswith("./"):
+        name = name[2:]
+    return posixpath.join(base, name) if base and not name.startswith("/") else name
 
 
 def _page(found: dict[str, Any], offset: int, limit: int, cap: int) -> str:
