@@ -326,3 +326,11 @@ def test_search_and_patch_in_containers_with_busybox_or_gnu_tools(image: str) ->
     assert linked["total_count"] == 0  # the link to /etc/passwd is not followed, the FIFO not opened
     assert patched["files_modified"] == ["src/util.py"]
     assert counts["counts"] == {"docs/guide.md": 1, "src/app.py": 1}
+
+
+def test_the_documented_schemas_are_the_tools_schemas() -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "tools.md").read_text()
+    generated = page[page.index("## Schemas\n") :].split("\n\n", 2)[2]
+    assert generated == file_tools.schemas_markdown(), (
+        "stale: regenerate docs/tools.md's last section from trajkit.plugins.file_tools.schemas_markdown()"
+    )

@@ -413,3 +413,12 @@ FILE = Toolset(
         ),
     ),
 )
+
+
+def schemas_markdown() -> str:
+    """The file tools' schemas as the model is given them (docs/tools.md's last section is made so)."""
+    blocks = [
+        f"### `{tool.name}`\n\n```json\n{json.dumps(tool.schema(), indent=2, ensure_ascii=False)}\n```\n"
+        for tool in FILE.tools
+    ]
+    return "\n".join(blocks)
