@@ -113,7 +113,7 @@ def test_the_card_has_the_header_the_hub_reads_and_how_the_data_was_made(
     ]
     statistics = json.loads((run_dir / "statistics.json").read_text())
     assert "- model: scripted" in body
-    assert "- toolset distribution: balanced" in body
+    assert "- toolsets: drawn from the distribution balanced" in body
     assert "- filters: the defaults" in body
     assert f"| kept | {statistics['kept']} |" in body
     assert f"| prompt rows | {statistics['dataset_rows']} |" in body

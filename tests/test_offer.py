@@ -286,11 +286,15 @@ def test_a_run_draws_over_what_it_can_offer_and_remembers_it(tmp_path: Path, env
         "browser": "no installed plugin provides it",
         "lookup": "no lookup endpoint: set --lookup.endpoint URL",
     }
-    code, stderr = run(tmp_path, env, "--distribution", "gated_mix", "--lookup.endpoint", "http://x")
-    assert code == 0, stderr
-    assert "lookup" in {
-        t for r in read_jsonl(tmp_path / "t" / "trajectories.jsonl") for t in r["toolsets_offered"]
-    }
+    dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"task {i}"} for i in range(24)])
+    resumed = trajkit(
+        "run", "--dataset_file", str(dataset), "--run_name", "t", "--output_dir", str(tmp_path), "--quiet",
+        "--resume", "--distribution", "gated_mix", "--lookup.endpoint", "http://x", env=env,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming with the toolsets drawn changed from" in resumed.stderr
+    offered = {t for r in read_jsonl(tmp_path / "t" / "trajectories.jsonl") for t in r["toolsets_offered"]}
+    assert "lookup" in offered
 
 
 def test_a_toolset_that_cannot_run_stops_the_run_before_it_writes(
@@ -342,3 +346,24 @@ def test_the_distributions_command(tmp_path: Path, env: dict[str, str]) -> None:
     listed = trajkit("run", "--list_distributions", "--websearch.provider", "p", env=env)
     assert "needs_search: file 50%, websearch 50%\n    files and search\n" in listed.stdout
     assert "websearch" not in listed.stdout.split("needs_search:")[1].split("\n")[2]
+
+
+def test_serve_offers_as_a_run_does(gated: PluginHost) -> None:
+    """`trajkit serve --toolsets` and `--distribution` resolve as a run's: the same checks, the
+    same toolsets left out."""
+    from trajkit.runner import RunError
+    from trajkit.serve.service import ServedAgent
+    from trajkit.serve.settings import ServeSettings
+
+    def served(**given: Any) -> ServedAgent:
+        return ServedAgent(resolve(gated, {"model": "scripted", **given}), ServeSettings(), gated)
+
+    assert [t.name for t in served(toolsets=["file"]).toolsets] == ["file"]
+    mixed = served(distribution="gated_mix")
+    assert sorted(t.name for t in mixed.toolsets) == ["file", "terminal"]
+    assert mixed.config.distribution == "gated_mix" and "lookup" not in mixed.run_tools
+    assert served().config.distribution == "sandboxed"
+    with pytest.raises(RunError, match="websearch cannot run: no search provider"):
+        served(distribution="needs_search")
+    with pytest.raises(RunError, match="toolset 'lookup' cannot run"):
+        served(toolsets=["lookup"])

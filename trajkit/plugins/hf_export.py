@@ -241,7 +241,7 @@ def dataset_card(dataset: Any, run_dir: Path) -> str:
         "",
         f"- trajkit version: {_value(manifest.get('trajkit_version'))}",
         f"- model: {_value(config.get('model'))}",
-        f"- toolset distribution: {_value(config.get('distribution'))}",
+        f"- toolsets: {_toolsets(config)}",
         f"- filters: {_filters(config)}",
         f"- samples per prompt: {_value(config.get('samples_per_prompt', 1))}",
         f"- max turns: {_value(config.get('max_turns'))}",
@@ -306,6 +306,13 @@ def _filters(config: Mapping[str, Any]) -> str:
     if disabled:
         text += f" (disabled: {', '.join(str(f) for f in disabled)})"
     return text
+
+
+def _toolsets(config: dict[str, Any]) -> str:
+    """The distribution drawn, or the toolsets every prompt was offered (``--toolsets``)."""
+    if config.get("toolsets"):
+        return f"{', '.join(config['toolsets'])} for every prompt"
+    return f"drawn from the distribution {_value(config.get('distribution'))}"
 
 
 def _value(value: Any) -> str:

@@ -123,7 +123,7 @@ def report_data(run: RunFiles, limit: int) -> dict[str, Any]:
             "name": run.statistics.get("run_name", run.run_dir.name),
             "dir": str(run.run_dir),
             "model": config.get("model"),
-            "distribution": config.get("distribution"),
+            "distribution": config.get("distribution") or ", ".join(config.get("toolsets") or []) or None,
             "dataset_file": config.get("dataset_file"),
             "trajkit_version": run.manifest.get("trajkit_version", __version__),
             "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
