@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import posixpath
 import shlex
+from collections.abc import Iterator
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -112,12 +113,11 @@ async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
         raise ToolError(_file_problem("read", path, exc)) from exc
     if b"\0" in data[:BINARY_PROBE]:
         raise ToolError(f"cannot read {path}: a binary file ({size} bytes), not text")
-    lines = data.decode("utf-8", "replace").splitlines()
-    result: dict[str, Any] = {"path": path, "content": "", "total_lines": len(lines), "file_size": size}
+    total = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    result: dict[str, Any] = {"path": path, "content": "", "total_lines": total, "file_size": size}
     shown: list[str] = []
     budget = ctx.output_cap - len(json.dumps(result)) - 160  # room for next_offset, truncated, note
-    for number in range(offset, min(len(lines), offset - 1 + limit) + 1):
-        line = lines[number - 1]
+    for number, line in enumerate(_lines(data, offset, min(limit, total - offset + 1)), offset):
         entry = f"{number}|{line[:LINE_CHARS]}" + (" [line cut]" if len(line) > LINE_CHARS else "")
         cost = len(json.dumps(entry, ensure_ascii=False).encode())  # with the escapes JSON adds
         if shown and cost > budget:
@@ -125,11 +125,27 @@ async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
         shown.append(entry[: max(budget, 64)])
         budget -= cost
     result["content"] = "\n".join(shown)
-    if offset + len(shown) <= len(lines):
+    if offset + len(shown) <= total:
         result.update(truncated=True, next_offset=offset + len(shown))
     if note:
         result["note"] = note
     return json.dumps(result, ensure_ascii=False)
+
+
+def _lines(data: bytes, first: int, count: int) -> Iterator[str]:
+    """Lines ``first`` (from 1) on of ``data``, ``count`` at most, each decoded on its own: a large
+    file is never split or decoded whole (numbered as grep numbers them: by line feeds)."""
+    start = 0
+    for _ in range(first - 1):
+        start = data.find(b"\n", start) + 1
+        if not start:
+            return
+    for _ in range(count):
+        end = data.find(b"\n", start)
+        yield data[start : len(data) if end < 0 else end].removesuffix(b"\r").decode("utf-8", "replace")
+        if end < 0:
+            return
+        start = end + 1
 
 
 # -- write_file and patch ------------------------------------------------------------------------
