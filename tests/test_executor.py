@@ -286,7 +286,7 @@ def test_exports_render_the_saved_schemas_without_the_plugin_that_made_them(
         export_records(writer, read_records(run_dir / "trajectories.jsonl"), tmp_path / "old.jsonl")
     assert "tool 'jot' is not installed" in caplog.text
     for row in read_jsonl(tmp_path / "old.jsonl"):
-        (jot,) = [s for s in json.loads(row["tools"]) if s["function"]["name"] == "jot"]
+        (jot,) = [s for s in row["tools"] if s["function"]["name"] == "jot"]
         assert jot["function"]["parameters"] == {"type": "object", "properties": {}}
 
 

@@ -160,7 +160,8 @@ def record_calls(record: dict[str, Any]) -> list[tuple[str, str, Any]]:
     ]
 
 
-JSON_VALUED = (".messages[].tool_calls[].function.arguments", ".metadata")
+JSON_VALUED = (".messages[]", ".tools[].function.parameters", ".metadata")
+"""Paths whose values datasets reads as Json (each row's own object), so their keys may differ."""
 """Paths whose values are JSON of any shape, read by ``datasets`` as one ``Json`` column."""
 
 
@@ -224,7 +225,7 @@ def test_tool_calls_round_trip(run: Run, fmt: str, tmp_path: Path) -> None:
         expected = [(name, canonical(args)) for _, name, args in record_calls(record)]
         assert [(n, canonical(a)) for n, a in calls_in(fmt, row)] == expected, record["prompt_index"]
         if fmt == "openai":
-            ids = [c["id"] for m in row["messages"] for c in m["tool_calls"] or []]
+            ids = [c["id"] for m in row["messages"] for c in m.get("tool_calls", [])]
             assert ids == [call_id for call_id, _, _ in record_calls(record)]
 
 
@@ -242,7 +243,7 @@ def calls_in(fmt: str, row: dict[str, Any]) -> list[tuple[str, Any]]:
         ]
         return [(b["name"], b["arguments"]) for b in blocks]
     if fmt == "openai":  # the arguments object itself, which chat templates render with tojson
-        calls = [c["function"] for m in row["messages"] for c in m["tool_calls"] or []]
+        calls = [c["function"] for m in row["messages"] for c in m.get("tool_calls", [])]
         return [(c["name"], c["arguments"]) for c in calls]
     return [
         (c["name"], sent_arguments(c["arguments"]))
@@ -296,30 +297,37 @@ def test_hermes_strings_have_their_blocks_in_order(run: Run, tmp_path: Path) -> 
 
 
 def test_openai_messages_are_what_trainers_read(run: Run, tmp_path: Path) -> None:
+    written = read_jsonl(run.run_dir / FORMATS["openai"])
     dataset = load(run.run_dir / FORMATS["openai"], tmp_path)
-    assert dataset.features["tools"].dtype == "string", "tools is one JSON string column"
-    message_keys = {"role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name"}
-    for record, row in zip(run.kept, dataset, strict=True):
-        tools = json.loads(row["tools"])
+    assert isinstance(dataset.features["messages"].feature, datasets.Json), "each message its own object"
+    for record, row, line in zip(run.kept, dataset, written, strict=True):
+        tools = row["tools"]
         assert [t["function"]["name"] for t in tools] == record["tools_offered"]
         assert all(t["type"] == "function" and "parameters" in t["function"] for t in tools)
+        assert tools == line["tools"], "each row's own schemas back, no other row's properties filled in"
         assert row["metadata"] == record["metadata"]
         messages = row["messages"]
-        assert all(set(m) == message_keys for m in messages)
+        assert messages == line["messages"], "no null keys, in the file or after loading"
+        assert not any(v is None for m in line["messages"] for v in m.values())
         assert [m["role"] for m in messages][:2] == ["system", "user"]
         for message, turn in zip(messages, record["conversations"], strict=True):
             assert message["content"] == turn["value"]
+            keys = {"role", "content"}
             if message["role"] == "assistant":
-                assert message["reasoning_content"] == turn["reasoning"]
-                assert all(c["type"] == "function" for c in message["tool_calls"] or [])
-                for call, sent in zip(message["tool_calls"] or [], turn["tool_calls"], strict=True):
+                assert message.get("reasoning_content") == (turn["reasoning"] or None)
+                keys |= {"reasoning_content"} if turn["reasoning"] else set()
+                keys |= {"tool_calls"} if turn["tool_calls"] else set()
+                assert all(c["type"] == "function" for c in message.get("tool_calls", []))
+                for call, sent in zip(message.get("tool_calls", []), turn["tool_calls"], strict=True):
                     arguments = call["function"]["arguments"]
                     assert canonical(arguments) == canonical(sent_arguments(sent["arguments"]))
                     assert isinstance(arguments, dict) or arguments == sent["arguments"], "not JSON: as sent"
             if message["role"] == "tool":
+                keys |= {"tool_call_id", "name"}
                 assert (message["tool_call_id"], message["name"]) == (turn["tool_call_id"], turn["name"])
-    distinct = {row["tools"] for row in dataset}
-    assert len(distinct) > 1, "rows were offered different tools, all in the one string column"
+            assert set(message) == keys
+    distinct = {json.dumps(row["tools"]) for row in dataset}
+    assert len(distinct) > 1, "rows were offered different tools, all in the one list column"
 
 
 def test_parquet_holds_the_sharegpt_rows(run: Run, tmp_path: Path) -> None:

@@ -9,6 +9,10 @@ a half-written file where a trainer could pick it up.
 
 ``--format hf`` writes a directory instead: a Hugging Face dataset saved with ``save_to_disk`` and
 its dataset card (:mod:`trajkit.plugins.hf_export`); ``--out`` names the directory.
+
+``--chat_template T`` (repeatable) renders every row through the chat template it will be trained
+with, adapts what the template needs, checks the rendering and leaves out, with its reason, a row
+the template cannot express (:mod:`trajkit.plugins.chat_templates`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import click
 
 from trajkit import hookimpl
 from trajkit.manager import PluginError, PluginHost
+from trajkit.plugins.chat_templates.options import chat_template_options
 from trajkit.rundir import KEPT_FILE, RunIOError, atomic_replace, read_tool_schemas
 from trajkit.writers import OutputWriter
 
@@ -40,7 +45,7 @@ def trajkit_commands(cli: click.Group) -> None:
 @click.option(
     "--format",
     "format_name",
-    required=True,
+    default=None,
     help="Output writer, e.g. hermes, openai, parquet; or hf, a Hugging Face dataset directory with its card.",
 )
 @click.option(
@@ -56,21 +61,38 @@ def trajkit_commands(cli: click.Group) -> None:
     metavar="REPO",
     help="With --format hf: upload the dataset to this Hub dataset repository (needs a configured token).",
 )
+@chat_template_options
 @click.pass_context
 def export(
-    ctx: click.Context, run_dir: Path, format_name: str, out: Path | None, push_repo: str | None
+    ctx: click.Context,
+    run_dir: Path,
+    format_name: str | None,
+    out: Path | None,
+    push_repo: str | None,
+    **template_options: Any,
 ) -> None:
-    """Write the kept trajectories of RUN_DIR in another format."""
+    """Write the kept trajectories of RUN_DIR in another format, or rendered through chat templates."""
     host: PluginHost = ctx.find_root().obj
     writers = host.writers
+    if template_options["chat_templates"]:
+        if format_name not in (None, "openai") or push_repo is not None:
+            raise click.BadParameter(
+                "--chat_template writes openai messages (or --out_format text); it takes no other --format",
+                param_hint="--format",
+            )
+        source = _kept_file(run_dir)
+        from trajkit.plugins.chat_templates.command import export_through_templates
+
+        export_through_templates(run_dir, lambda: read_records(source), out, **template_options)
+        return
+    if format_name is None:
+        raise click.BadParameter("give --format (or --chat_template)", param_hint="--format")
     if format_name not in writers and format_name != HF_FORMAT:
         names = ", ".join(sorted([*writers, HF_FORMAT]))
         raise click.BadParameter(f"unknown format {format_name!r}; formats: {names}", param_hint="--format")
     if push_repo is not None and format_name != HF_FORMAT:
         raise click.BadParameter("only --format hf can be pushed to the Hub", param_hint="--push_to_hub")
-    source = run_dir / KEPT_FILE
-    if not source.is_file():
-        raise click.ClickException(f"{source} does not exist: RUN_DIR must be a run that has finished once")
+    source = _kept_file(run_dir)
     if format_name == HF_FORMAT:
         export_hf_dataset(run_dir, source, out if out is not None else run_dir / HF_DIR, push_repo)
         return
@@ -91,6 +113,13 @@ def export(
     except RunIOError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{target}: {rows} rows ({format_name})", err=True)
+
+
+def _kept_file(run_dir: Path) -> Path:
+    source = run_dir / KEPT_FILE
+    if not source.is_file():
+        raise click.ClickException(f"{source} does not exist: RUN_DIR must be a run that has finished once")
+    return source
 
 
 def export_hf_dataset(run_dir: Path, source: Path, target: Path, push_repo: str | None = None) -> None:

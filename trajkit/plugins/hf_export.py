@@ -7,9 +7,10 @@ body says how the data was made, from the run's ``run.json`` and ``statistics.js
 the toolset distribution, the filters, the counts.
 
 The rows are the ``openai`` writer's (messages with tool calls, reasoning and the offered tools),
-with their features declared, not inferred: tool-call ``arguments`` and ``metadata`` are ``Json``
-(stored as JSON text, handed back as the object each row had), ``tools`` a JSON string. So the
-dataset has one schema whatever tools and metadata its rows have. The directory appears whole: it
+with their features declared, not inferred: each message and ``metadata`` are ``Json`` (stored as
+JSON text, handed back as the object each row had, so a message keeps only its own keys and its
+tool-call ``arguments`` objects), ``tools`` a list of schemas whose ``parameters`` are ``Json``. So
+the dataset has one schema whatever tools and metadata its rows have. The directory appears whole: it
 is built beside the target and renamed into place, replacing an earlier export.
 
 ``--push_to_hub REPO`` then uploads the directory, as it is, to the dataset repository REPO
@@ -69,18 +70,9 @@ def _datasets() -> Any:
 def features(datasets: Any) -> Any:
     """The declared features of an exported row (an ``openai`` row)."""
     string = datasets.Value("string")
-    call = {
-        "id": string,
+    tool = {
         "type": string,
-        "function": {"name": string, "arguments": datasets.Json()},
-    }
-    message = {
-        "role": string,
-        "content": string,
-        "reasoning_content": string,
-        "tool_calls": datasets.List(call),
-        "tool_call_id": string,
-        "name": string,
+        "function": {"name": string, "description": string, "parameters": datasets.Json()},
     }
     missing = [key for key in SCALAR_FIELDS if key not in SCALAR_TYPES]
     if missing:
@@ -98,8 +90,9 @@ def features(datasets: Any) -> Any:
     }
     return datasets.Features(
         {
-            "messages": datasets.List(message),
-            "tools": string,
+            # each message its own object: keys only where they apply, no nulls filled in
+            "messages": datasets.List(datasets.Json()),
+            "tools": datasets.List(tool),
             "metadata": datasets.Json(),
             "score": score,
             **{key: datasets.Value(SCALAR_TYPES[key]) for key in SCALAR_FIELDS},
@@ -232,7 +225,7 @@ def dataset_card(dataset: Any, run_dir: Path) -> str:
         "",
         "Tool-calling agent trajectories generated with trajkit: each row is one prompt's session,",
         "OpenAI chat messages (`tool_calls` with their `arguments` objects, `reasoning_content`)",
-        "plus the tools offered to that prompt (`tools`, a JSON string) and the row's `metadata`.",
+        "plus the tools offered to that prompt (`tools`, a list of schemas) and the row's `metadata`.",
         "",
         "**License:** not set. Choose one before publishing; the terms of the model that wrote",
         "the trajectories and of the prompt dataset apply.",

@@ -3,17 +3,15 @@
 Trainers load these files through Arrow (``datasets.load_dataset``), which keeps one type per
 column: a column whose shape differs between rows fails to load, or loads as a union of every
 shape with nulls filled in. So the writers give every row of a run the same columns with the
-same types, and every key is present in every row, null where it does not apply. Values whose
-shape varies between rows are handled one of two ways:
+same types, and every top-level key is present in every row, null where it does not apply.
+Values whose shape varies between rows are handled one of two ways:
 
-- As JSON strings: the offered tools' schemas (``tools`` in the ``openai`` rows), and everything
-  variable in the ``parquet`` rows. One string column, any content.
+- As JSON strings: everything variable in the ``parquet`` rows. One string column, any content.
 - As JSON values that ``datasets`` (5 and later) types as ``Json`` (stored as JSON text, handed
-  back as the object): the tool-call ``arguments`` of the ``openai`` rows, because the chat
-  templates of Qwen2.5, Llama 3.1 and Mistral apply ``tojson`` to them unconditionally and a
-  string would come out double-encoded; and ``metadata`` (the row's own fields, any names and
-  types), kept in every format. ``trajkit export --format hf`` declares these features
-  explicitly, so the saved dataset does not depend on inference.
+  back as the object): the ``openai`` rows' messages (keys present only where they apply) with
+  their tool-call ``arguments`` objects, the offered tools' ``parameters``, and ``metadata`` (the
+  row's own fields, any names and types), kept in every format. ``trajkit export --format hf``
+  declares these features explicitly, so the saved dataset does not depend on inference.
 """
 
 from __future__ import annotations
@@ -258,29 +256,28 @@ OPENAI_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "tool":
 
 
 class OpenAIWriter(ToolSchemaWriter):
-    """OpenAI chat messages plus a ``tools`` column: what TRL's SFTTrainer and Axolotl's
-    ``chat_template`` dataset type read, rendered correctly by the model families' own chat
-    templates (``tests/test_chat_templates.py`` renders the rows through Qwen2.5, Qwen3,
-    Llama 3.1, Hermes 2 Pro, Hermes 3 and Mistral templates).
+    """OpenAI chat messages plus a ``tools`` column: what TRL's SFTTrainer, Axolotl's
+    ``chat_template`` dataset type and LLaMA-Factory's ``openai`` formatting read (each checked
+    against the trainer's own source in ``docs/chat_templates.md``).
 
-    Schema choices, each so that every row has one Arrow type per column and both trainers accept it:
+    Schema choices, each so that every row loads through ``datasets`` with one type per column and
+    the trainers hand the template exactly what the model saw:
 
     - ``function.arguments`` is the arguments object the model sent, not the JSON string of the
-      OpenAI wire format: Qwen2.5's, Llama 3.1's and Mistral's templates apply ``tojson`` to it
-      whatever it is, so a string comes out double-encoded (a quoted string where the model wrote
-      an object). Arguments that were not JSON at all stay the string the model sent. Objects of
-      different tools have different keys and types; ``datasets`` (5 and later) reads such a
-      column as one ``Json`` column and hands each row its own object back, unchanged (no keys
-      of other rows filled in with nulls). The exact text the model sent is in ``trajectories.jsonl``.
-    - ``tools`` is a JSON string of the offered tools' schemas. TRL's SFTTrainer and Axolotl's
-      chat_template loader both ``json.loads`` a string ``tools`` value before handing it to
-      the chat template.
-    - Reasoning goes in ``reasoning_content``: Axolotl's default thinking field, and the key that
-      reasoning chat templates (Qwen3, DeepSeek-R1 style) read; a template without reasoning
-      ignores it. Dropping it would throw away what the reasoning filter kept the row for.
+      OpenAI wire format: most templates (Qwen2.5, Llama 3.1, Mistral) apply ``tojson`` to it
+      whatever it is, so a string comes out double-encoded. Arguments that were not JSON at all
+      stay the string the model sent. A template that concatenates arguments as strings gets them
+      from ``trajkit export --chat_template`` (:mod:`trajkit.plugins.chat_templates`).
+    - ``tools`` is the list of the offered tools' schemas. Axolotl's loader accepts only a list;
+      TRL and LLaMA-Factory take a list or a JSON string, so no trainer needs the string.
+    - A message has only the keys that apply to it, never a null: ``reasoning_content`` on an
+      assistant turn with reasoning (Axolotl's default thinking field and the key reasoning
+      templates read), ``tool_calls`` when it called tools, ``tool_call_id`` and ``name`` on a
+      tool result. Templates test keys with ``is defined`` or ``in``, and an explicit null breaks
+      every renderer that does not drop null keys first. ``datasets`` 5 reads such messages (and
+      the tools' ``parameters``) as ``Json`` values, each row's own, with no keys of other rows
+      filled in.
     - ``metadata`` is the record's (the row's own fields, the model, the batch), as in sharegpt.
-    - Every message has every key (null where it does not apply); both trainers drop null keys
-      before templating, so a message looks to the template exactly like an OpenAI message.
     """
 
     name = "openai"
@@ -293,28 +290,32 @@ class OpenAIWriter(ToolSchemaWriter):
     def row(self, record: Record) -> dict[str, Any]:
         return {
             "messages": [openai_message(turn) for turn in record["conversations"]],
-            "tools": json.dumps(self.schemas_for(record), ensure_ascii=False),
+            "tools": self.schemas_for(record),
             **scalar_fields(record),
         }
 
 
 def openai_message(turn: Mapping[str, Any]) -> dict[str, Any]:
-    calls = [
-        {
-            "id": c["id"],
-            "type": "function",
-            "function": {"name": c["name"], "arguments": _arguments(c["arguments"])},
-        }
-        for c in turn.get("tool_calls") or []
-    ]
-    return {
-        "role": OPENAI_ROLES[turn["from"]],
-        "content": turn["value"],
-        "reasoning_content": turn.get("reasoning") if turn["from"] == "gpt" else None,
-        "tool_calls": calls or None,
-        "tool_call_id": turn.get("tool_call_id"),
-        "name": turn.get("name"),
-    }
+    """One ShareGPT turn as an OpenAI message with only the keys that apply (no nulls)."""
+    message: dict[str, Any] = {"role": OPENAI_ROLES[turn["from"]], "content": turn["value"]}
+    if turn["from"] == "gpt":
+        if turn.get("reasoning"):
+            message["reasoning_content"] = turn["reasoning"]
+        calls = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": _arguments(c["arguments"])},
+            }
+            for c in turn.get("tool_calls") or []
+        ]
+        if calls:
+            message["tool_calls"] = calls
+    elif turn["from"] == "tool":
+        for key in ("tool_call_id", "name"):
+            if turn.get(key) is not None:
+                message[key] = turn[key]
+    return message
 
 
 # -- parquet --------------------------------------------------------------------------------------
