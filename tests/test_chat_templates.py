@@ -1,103 +1,168 @@
-"""Exported rows rendered through the chat templates of the models people fine-tune for tool calling.
+"""``trajkit export --chat_template``: a real run's rows through 18 real chat templates.
 
-A real run against the OpenAI-compatible test server, with the ``balanced`` distribution (so the
-tools differ from row to row), parallel tool calls, reasoning on every turn and unicode in the
-prompts and the arguments, is exported as ``openai`` and ``hermes`` rows, loaded through
-``datasets`` as a trainer loads them, and rendered through each template in
-``tests/data/chat_templates/`` (the models' own ``chat_template`` text; ``README.md`` there says
-where each file came from) the way ``transformers`` renders them: a sandboxed jinja2 environment
-with ``trim_blocks``, ``lstrip_blocks``, its ``tojson`` (no key sorting, no ASCII escaping) and
-``raise_exception``. Every tool call of the run must appear in the text exactly once, with its
-name, and with its arguments as the JSON object the model sent: not a quoted string of JSON.
+A run against the OpenAI-compatible test server, with the ``balanced`` distribution (tools differ
+from row to row), parallel tool calls, reasoning on every turn, text beside calls in some rows and
+unicode in the prompts and arguments, is exported through every template in
+``tests/data/chat_templates/`` (``README.md`` there says where each came from). Each template is
+given as a model directory: a tokenizer built here (byte-level, no download) and saved by
+transformers with the template and the model's special tokens. For every template the rows it
+renders must be what transformers' own ``apply_chat_template`` renders from the exported
+messages, and the rows left out must be exactly those the template cannot express, each with its
+reason. TRL's own dataset preparation then tokenizes the Qwen2.5, Llama 3.1 and Mistral exports.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections import Counter
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import datasets
-import jinja2
-import jinja2.ext
 import pytest
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from tests.test_writers import ShapesPolicy
 from trajkit.plugins.scripted_model import split_task
 from trajkit.testing.openai_server import OpenAITestServer
 
-datasets.disable_progress_bars()
+transformers = pytest.importorskip("transformers")
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
-FAMILIES = ["qwen2.5", "qwen3", "llama3.1", "hermes-2-pro", "hermes-3", "mistral-nemo"]
-SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
 UNICODE = "Tâche: ranger le dépôt ✓ — 日本語のメモ 🚀"
+LLAMA = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+CHATML = {"eos_token": "<|im_end|>"}
+MISTRAL = {"bos_token": "<s>", "eos_token": "</s>"}
+DEEPSEEK = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"}
 
 
-# -- the template engine, as transformers sets it up -------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    """What a row holds that a template may be unable to express."""
+
+    parallel: bool
+    text_beside_calls: bool
 
 
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
+def every_row(row: Row) -> str | None:
+    return None
 
 
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: Any = None,
-    sort_keys: bool = False,
-) -> str:
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
+def one_call_a_turn_and_no_text_beside_calls(row: Row) -> str | None:
+    if row.parallel:
+        return "parallel_tool_calls"
+    return "content_with_tool_calls" if row.text_beside_calls else None
 
 
-@cache
-def template(family: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    return env.from_string((TEMPLATES / f"{family}.jinja").read_text(encoding="utf-8"))
+def no_text_beside_calls(row: Row) -> str | None:
+    return "content_with_tool_calls" if row.text_beside_calls else None
 
 
-def render(family: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-    return template(family).render(
-        messages=messages, tools=tools, add_generation_prompt=False, **SPECIAL_TOKENS
-    )
+def gpt_oss(row: Row) -> str | None:
+    if row.parallel:
+        return "parallel_tool_calls"
+    return "content_with_reasoning" if row.text_beside_calls else None  # every turn has reasoning
 
 
-# -- the run ----------------------------------------------------------------------------------
+def always(reason: str) -> Callable[[Row], str | None]:
+    return lambda row: reason  # a template that loses part of every tool-calling row
 
 
-@dataclass
-class Exported:
-    kept: list[dict[str, Any]]
-    openai: datasets.Dataset
-    hermes: datasets.Dataset
+# name -> (the model's special tokens, which rows it cannot express and why, adaptations on every row)
+CASES: dict[str, tuple[dict[str, str], Callable[[Row], str | None], set[str]]] = {
+    "qwen2.5": (CHATML, every_row, set()),
+    "qwen3": (CHATML, every_row, set()),
+    "qwq": (CHATML, every_row, set()),
+    "vllm-qwen3coder": (CHATML, every_row, set()),
+    "vllm-internlm2": ({"bos_token": "<s>", "eos_token": "</s>"}, every_row, {"arguments_as_json_strings"}),
+    "functionary-v3.2": (LLAMA, every_row, {"arguments_as_json_strings"}),
+    "firefunction-v2": (LLAMA, every_row, {"arguments_as_json_strings", "tools_as_functions"}),
+    "hermes-2-pro": ({**LLAMA, "eos_token": "<|im_end|>"}, no_text_beside_calls, set()),
+    "hermes-3": ({**LLAMA, "eos_token": "<|im_end|>"}, no_text_beside_calls, set()),
+    "mistral-small-3.2": (MISTRAL, no_text_beside_calls, {"tool_call_ids_mapped"}),
+    "llama3.1": (LLAMA, one_call_a_turn_and_no_text_beside_calls, set()),
+    "llama3.2": (LLAMA, one_call_a_turn_and_no_text_beside_calls, set()),
+    "gpt-oss": (
+        {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"},
+        gpt_oss,
+        {"reasoning_as_thinking"},
+    ),
+    # templates that lose part of every tool-calling row
+    "granite-3.3": ({"eos_token": "<|end_of_text|>"}, always("tool_calls_dropped"), set()),
+    "kimi-k2": ({"eos_token": "<|im_end|>"}, always("tool_calls_dropped"), set()),
+    "deepseek-v3.1": (DEEPSEEK, always("tool_list_missing"), set()),
+    "deepseek-r1-distill": (DEEPSEEK, always("tool_list_missing"), set()),
+    "mistral-nemo": (MISTRAL, always("system_prompt_missing"), set()),
+}
+NO_SPANS = {
+    # drops the reasoning of earlier turns once a final answer follows: a calling turn is not
+    # rendered as the model generated it
+    "gpt-oss",
+    # appends the assistant header after every conversation, generation prompt or not
+    "firefunction-v2",
+}
+"""Templates whose rendered rows hold no span of the text each assistant turn was generated as."""
+TEMPLATE_VARS = ["--template_var", "datetime=2024-07-26", "--template_var", "date_string=26 Jul 2024"]
+
+
+# -- the run, the tokenizers, the exports -------------------------------------------------------
 
 
 def policy_for(shapes: ShapesPolicy) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """ShapesPolicy (parallel calls, nested and unicode arguments, reasoning on every turn); rows
-    marked ``[single]`` make one call per turn, as Llama 3.1's template requires."""
+    marked ``[single]`` make one call a turn, rows marked ``[quiet]`` write no text beside calls."""
 
     def policy(body: dict[str, Any]) -> dict[str, Any]:
         reply = shapes(body)
         prompt, _ = split_task(body["messages"])
         if "[single]" in prompt and reply.get("tool_calls"):
             reply["tool_calls"] = reply["tool_calls"][:1]
+        if "[quiet]" in prompt and reply.get("tool_calls"):
+            reply["content"] = None
         return reply
 
     return policy
+
+
+def build_tokenizer(directory: Path, template: str, special: dict[str, str]) -> None:
+    """A byte-level tokenizer (every text round-trips) with the model's template and special tokens,
+    saved the way transformers saves a model's tokenizer; nothing is downloaded."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokens = {**special, "pad_token": "<|pad|>"}
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, **tokens)
+    tokenizer.add_special_tokens(tokens)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(str(directory))
+
+
+@dataclass
+class Export:
+    rows: list[dict[str, Any]]
+    left_out: list[dict[str, Any]]
+    report: dict[str, Any]
+
+
+@dataclass
+class Exported:
+    kept: list[dict[str, Any]]
+    run_dir: Path
+    models: dict[str, Path]
+    messages: dict[str, Export]
+    text: dict[str, Export]
+
+
+def _exports(out: Path) -> dict[str, Export]:
+    reports = json.loads((out / "chat_templates.report.json").read_text())
+    return {
+        r["template"]: Export(read_jsonl(Path(r["output"])), read_jsonl(Path(r["left_out_file"])), r)
+        for r in reports
+    }
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +170,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Exported:
     tmp = tmp_path_factory.mktemp("templates")
     rows = [
         {
-            "prompt": f"{UNICODE} #{i} [shapes]{' [single]' if i % 3 == 0 else ''}",
+            "prompt": f"{UNICODE} #{i} [shapes]{' [single]' if i % 3 == 0 else ''}{' [quiet]' if i % 2 == 0 else ''}",
             "source": "unicode-set" if i % 2 else "plain-set",
             "difficulty": i % 4,
         }
@@ -122,15 +187,27 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Exported:
     run_dir = tmp / "data" / "t"
     kept = read_jsonl(run_dir / "trajectories.jsonl")
     assert len(kept) == len(rows), (run_dir / "rejected.jsonl").read_text()
-    loaded = {}
-    for fmt in ("openai", "hermes"):
-        out = tmp / f"{fmt}.jsonl"
-        result = trajkit("export", str(run_dir), "--format", fmt, "--out", str(out))
+    models = {}
+    for name, (special, _, _) in CASES.items():
+        models[name] = tmp / "models" / name
+        build_tokenizer(models[name], (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8"), special)
+    chosen = [flag for path in models.values() for flag in ("--chat_template", str(path))]
+    for out_format in ("messages", "text"):
+        result = trajkit(
+            "export", str(run_dir), *chosen, *TEMPLATE_VARS, "--out_format", out_format,
+            "--out", str(tmp / out_format), timeout=300,
+        )  # fmt: skip
         assert result.returncode == 0, result.stderr
-        loaded[fmt] = datasets.load_dataset(
-            "json", data_files=str(out), split="train", cache_dir=str(tmp / f"cache-{fmt}")
-        )
-    return Exported(kept, loaded["openai"], loaded["hermes"])
+        assert "left out" in result.stderr and "qwen2.5" in result.stderr, "the report table"
+    return Exported(kept, run_dir, models, _exports(tmp / "messages"), _exports(tmp / "text"))
+
+
+def features(record: dict[str, Any]) -> Row:
+    calling = [t for t in record["conversations"] if t["from"] == "gpt" and t["tool_calls"]]
+    return Row(
+        parallel=any(len(t["tool_calls"]) > 1 for t in calling),
+        text_beside_calls=any(t["value"].strip() for t in calling),
+    )
 
 
 def test_the_run_has_what_the_templates_must_survive(exported: Exported) -> None:
@@ -138,172 +215,102 @@ def test_the_run_has_what_the_templates_must_survive(exported: Exported) -> None
         len(t["tool_calls"]) for r in exported.kept for t in r["conversations"] if t["from"] == "gpt"
     ]
     assert max(calls_per_turn) >= 2, "parallel tool calls"
-    assert any(n == 1 for n in calls_per_turn)
     assert len({tuple(r["tools_offered"]) for r in exported.kept}) > 1, "tools differ per row"
     assert all(t["reasoning"] for r in exported.kept for t in r["conversations"] if t["from"] == "gpt")
     assert any(
         "é ✓" in c["arguments"] for r in exported.kept for t in r["conversations"] for c in t["tool_calls"]
     )
+    shapes = {features(r) for r in exported.kept}
+    assert shapes == {Row(p, t) for p in (False, True) for t in (False, True)}, "every combination"
 
 
-# -- what a rendering must hold -----------------------------------------------------------------
+# -- every template -----------------------------------------------------------------------------
 
 
-def expected_calls(record: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [
-        (call["name"], json.loads(call["arguments"]))
-        for turn in record["conversations"]
-        if turn["from"] == "gpt"
-        for call in turn["tool_calls"]
-    ]
+@pytest.mark.parametrize("name", CASES)
+def test_rows_left_out_are_exactly_those_the_template_cannot_express(exported: Exported, name: str) -> None:
+    _, cannot, adaptations = CASES[name]
+    for export in (exported.messages[name], exported.text[name]):
+        expected = {r["prompt_index"]: cannot(features(r)) for r in exported.kept}
+        got = {entry["prompt_index"]: entry["reason"] for entry in export.left_out}
+        if name in NO_SPANS and export is exported.text[name]:
+            expected = {i: reason or "assistant_spans" for i, reason in expected.items()}
+        assert got == {i: reason for i, reason in expected.items() if reason}, name
+        assert all(entry["detail"] for entry in export.left_out)
+        rendered = [r["prompt_index"] for r in export.rows]
+        assert rendered == [i for i, reason in expected.items() if not reason], "dataset order, nothing twice"
+        report = export.report
+        assert (report["rows"], report["rendered"]) == (len(exported.kept), len(rendered))
+        assert sum(report["left_out"].values()) == len(got)
+        for row in export.rows:
+            assert set(row["chat_template_adaptations"]) == adaptations
+        assert report["adapted"] == {kind: len(rendered) for kind in adaptations if rendered}
 
 
-CHATML_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
-LLAMA_CALL = re.compile(
-    r"<\|start_header_id\|>assistant<\|end_header_id\|>\n\n(\{.*?\})<\|eot_id\|>", re.DOTALL
-)
-MISTRAL_CALLS = re.compile(r"\[TOOL_CALLS\](\[.*?\])</s>", re.DOTALL)
+RENDERING = [
+    n
+    for n in CASES
+    if n not in {"granite-3.3", "kimi-k2", "deepseek-v3.1", "deepseek-r1-distill", "mistral-nemo"}
+]
 
 
-def rendered_calls(family: str, text: str) -> list[tuple[str, Any]]:
-    """(name, arguments) of every tool call in a rendering, in order, decoded once."""
-    if family == "llama3.1":
-        blocks = [json.loads(b) for b in LLAMA_CALL.findall(text)]
-        return [(b["name"], b["parameters"]) for b in blocks if "parameters" in b]
-    if family == "mistral-nemo":
-        return [(c["name"], c["arguments"]) for b in MISTRAL_CALLS.findall(text) for c in json.loads(b)]
-    after_system = text.split("<|im_end|>", 1)[1]  # the system turn shows a <tool_call> example
-    return [
-        (b["name"], b["arguments"])
-        for b in (json.loads(block) for block in CHATML_CALL.findall(after_system))
-    ]
-
-
-def check_rendering(family: str, text: str, record: dict[str, Any]) -> None:
-    expected = expected_calls(record)
-    assert expected, "every row called tools"
-    got = rendered_calls(family, text)
-    assert [(n, canonical(a)) for n, a in got] == [(n, canonical(a)) for n, a in expected], family
-    assert all(isinstance(arguments, dict) for _, arguments in got), (
-        "arguments decode to objects, not strings"
-    )
-    counts = Counter((name, canonical(arguments)) for name, arguments in expected)
-    for (name, _), n in counts.items():
-        occurrences = sum(1 for got_name, _ in got if got_name == name)
-        assert occurrences >= n
-    for name, arguments in expected:
-        encoded = json.dumps(arguments, ensure_ascii=False)
-        assert text.count(encoded) == counts[(name, canonical(arguments))], (family, encoded)
-        assert json.dumps(encoded, ensure_ascii=False) not in text, "double-encoded arguments"
-    assert UNICODE in text, "unicode as written, not escaped"
-
-
-def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
-
-
-# -- openai rows ---------------------------------------------------------------------------------
-
-
-def trainer_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """What TRL and Axolotl hand the template: null keys dropped (Arrow fills them in)."""
-    return [{k: v for k, v in m.items() if v is not None} for m in row["messages"]]
-
-
-def mistral_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mistral's template demands 9-character alphanumeric call ids; a Mistral fine-tune maps them."""
-    ids: dict[str, str] = {}
-
-    def short(call_id: str) -> str:
-        return ids.setdefault(call_id, f"c{len(ids):08d}")
-
-    out = []
-    for message in messages:
-        message = dict(message)
-        if "tool_calls" in message:
-            message["tool_calls"] = [{**c, "id": short(c["id"])} for c in message["tool_calls"]]
-        if "tool_call_id" in message:
-            message["tool_call_id"] = short(message["tool_call_id"])
-        out.append(message)
-    return out
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_openai_rows_render_every_tool_call_once_and_correctly_encoded(
-    exported: Exported, family: str
+@pytest.mark.parametrize("name", RENDERING)
+def test_the_text_is_what_transformers_renders_from_the_exported_messages(
+    exported: Exported, name: str
 ) -> None:
-    rendered = refused = 0
-    for record, row in zip(exported.kept, exported.openai, strict=True):
-        messages = trainer_messages(row)
-        tools = json.loads(row["tools"])
-        if family == "mistral-nemo":
-            messages = mistral_ids(messages)
-        parallel = any(len(m.get("tool_calls") or []) > 1 for m in messages)
-        if family == "llama3.1" and parallel:
-            with pytest.raises(jinja2.exceptions.TemplateError, match="single tool-calls at once"):
-                render(family, messages, tools)
-            refused += 1
-            continue
-        text = render(family, messages, tools)
-        check_rendering(family, text, record)
-        for tool in tools:  # the offered tools reach the prompt
-            assert tool["function"]["name"] in text
-        if family == "qwen3":  # reasoning_content becomes each turn's <think> block
-            for turn in record["conversations"]:
-                if turn["from"] == "gpt":
-                    assert text.count(f"<think>\n{turn['reasoning']}\n</think>") == 1
-        rendered += 1
-    assert rendered >= 4, "the [single] rows render in every family"
-    if family == "llama3.1":
-        assert refused, (
-            "Llama 3.1's own template refuses parallel calls; that is the template, not the export"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(exported.models[name]))
+    messages = exported.messages[name].rows
+    texts = {r["prompt_index"]: r for r in exported.text[name].rows}
+    assert messages, f"{name} renders rows of this run"
+    assert len(texts) == (0 if name in NO_SPANS else len(messages))
+    by_index = {r["prompt_index"]: r for r in exported.kept}
+    for row in messages:
+        text = tokenizer.apply_chat_template(
+            row["messages"], tools=row["tools"], tokenize=False, **row.get("chat_template_kwargs", {})
         )
-    else:
-        assert rendered == len(exported.kept)
+        assert UNICODE in text, "unicode as written, not escaped"
+        record = by_index[row["prompt_index"]]
+        for turn in record["conversations"]:
+            for call in turn["tool_calls"]:
+                arguments = json.loads(call["arguments"])
+                if name != "vllm-qwen3coder":  # it writes one tag per parameter, not JSON
+                    assert json.dumps(arguments, ensure_ascii=False) in text
+                assert json.dumps(json.dumps(arguments, ensure_ascii=False), ensure_ascii=False) not in text
+        if name in NO_SPANS:
+            continue
+        text_row = texts[row["prompt_index"]]
+        assert text == text_row["text"], name
+        spans = text_row["assistant_spans"]
+        inside = "".join(text[start:end] for start, end in spans)
+        for turn in record["conversations"]:
+            if turn["from"] == "human":
+                assert turn["value"].strip() not in inside, "a user turn is not trained on"
+            if turn["from"] == "gpt" and turn["value"].strip() and not turn["tool_calls"]:
+                assert turn["value"].strip() in inside, "the final answer is in a span"
+        assert all(0 <= start < end <= len(text) for start, end in spans)
+        assert spans == sorted(spans)
+        assert len(spans) == sum(1 for m in row["messages"] if m["role"] == "assistant")
 
 
-def test_string_arguments_are_what_double_encodes(exported: Exported) -> None:
-    """Why the export carries objects: the OpenAI wire format's strings come out quoted."""
-    record, row = next(
-        (r, w)
-        for r, w in zip(exported.kept, exported.openai, strict=True)
-        if "[single]" in r["conversations"][1]["value"]
-    )
-    messages = trainer_messages(row)
-    for message in messages:
-        for call in message.get("tool_calls") or []:
-            call["function"] = {**call["function"], "arguments": json.dumps(call["function"]["arguments"])}
-    text = render("qwen2.5", messages, json.loads(row["tools"]))
-    with pytest.raises(AssertionError):
-        check_rendering("qwen2.5", text, record)
-    assert all(isinstance(arguments, str) for _, arguments in rendered_calls("qwen2.5", text))
-
-
-def test_metadata_is_in_every_exported_row(exported: Exported) -> None:
-    for dataset in (exported.openai, exported.hermes):
-        for record, row in zip(exported.kept, dataset, strict=True):
-            assert row["metadata"] == record["metadata"]
-            assert {"source", "difficulty", "model"} <= set(row["metadata"])
-
-
-# -- hermes rows ---------------------------------------------------------------------------------
-
-HERMES_ROLES = {"system": "system", "human": "user", "gpt": "assistant", "tool": "tool"}
-
-
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "mistral-nemo"])
-def test_hermes_rows_render_every_tool_call_once(exported: Exported, family: str) -> None:
-    """The hermes strings carry their tags in the text, so every template passes the calls through
-    verbatim. (Mistral's template cannot take them: it wants a call id on every tool message, and
-    the hermes rows merge one turn's answers into one tool turn.)"""
-    for record, row in zip(exported.kept, exported.hermes, strict=True):
-        messages = [{"role": HERMES_ROLES[t["from"]], "content": t["value"]} for t in row["conversations"]]
-        # the tools are listed in the row's system text; Hermes' tool_use template wants a list
-        text = render(family, messages, [] if family.startswith("hermes") else None)
-        after_system = text if family == "llama3.1" else text.split("<|im_end|>", 1)[1]
-        got = [json.loads(b) for b in CHATML_CALL.findall(after_system)]
-        assert [(b["name"], canonical(b["arguments"])) for b in got] == [
-            (n, canonical(a)) for n, a in expected_calls(record)
-        ], family
-        assert all(isinstance(b["arguments"], dict) for b in got)
-        assert UNICODE in text
+def test_the_report_names_what_each_template_needs(exported: Exported) -> None:
+    reports = {name: export.report for name, export in exported.messages.items()}
+    assert reports["mistral-small-3.2"]["profile"]["call_ids"] == "alnum9"
+    assert reports["deepseek-v3.1"]["profile"]["arguments"] == "string"
+    assert reports["firefunction-v2"]["profile"]["tools_variable"] == "functions"
+    assert reports["gpt-oss"]["profile"]["reasoning_field"] == "thinking"
+    assert reports["gpt-oss"]["reasoning_turns_not_rendered"] > 0, "it drops earlier turns' reasoning"
+    assert reports["qwen3"]["reasoning_turns_not_rendered"] == 0
+    assert set(reports["llama3.1"]["cannot_express"]) == {"parallel_tool_calls", "content_with_tool_calls"}
+    assert not reports["granite-3.3"]["fits_a_tool_calling_sample"]
+    assert all(r["transformers"] == transformers.__version__ for r in reports.values())
+    ids = [
+        c["id"]
+        for r in exported.messages["mistral-small-3.2"].rows
+        for m in r["messages"]
+        for c in m.get("tool_calls", [])
+    ]
+    assert ids and all(len(i) == 9 and i.isalnum() for i in ids)
+    for row in exported.messages["firefunction-v2"].rows:
+        listed = json.loads(row["chat_template_kwargs"]["functions"])
+        assert [f["name"] for f in listed] == [t["function"]["name"] for t in row["tools"]]
+        assert row["chat_template_kwargs"]["datetime"] == "2024-07-26"

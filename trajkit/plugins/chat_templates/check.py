@@ -279,20 +279,36 @@ def assistant_spans(template: ChatTemplate, adapted: Adapted, text: str) -> tupl
         _, marked = render(template, adapted.messages, adapted.tools, adapted.kwargs, track=True)
         return [list(span) for span in marked], "generation"
     spans: list[list[int]] = []
+    cursor = 0
     for index, message in enumerate(adapted.messages):
         if message["role"] != "assistant":
             continue
+        earlier = adapted.messages[:index]
         try:
-            before, _ = render(
-                template, adapted.messages[:index], adapted.tools, adapted.kwargs, add_generation_prompt=True
-            )
+            previous, _ = render(template, earlier, adapted.tools, adapted.kwargs)
+            prompted, _ = render(template, earlier, adapted.tools, adapted.kwargs, add_generation_prompt=True)
             upto, _ = render(template, adapted.messages[: index + 1], adapted.tools, adapted.kwargs)
         except RenderError as exc:
             raise SpanError(f"assistant turn {index} cannot be rendered on its own: {exc}") from None
-        if not (upto.startswith(before) and text.startswith(upto)):
+        # the turn as generated: what follows the generation prompt (or where the stored turn
+        # leaves it, e.g. a prompt that opens <think> for a turn stored without one, as TRL splits
+        # a completion); it must stand in the row's text after the turns before it
+        start = _common_prefix(prompted, upto)
+        turn = upto[start:]
+        found = text.find(turn, cursor) if turn and start >= _common_prefix(previous, upto) else -1
+        if found < 0:
             raise SpanError(
                 f"the template renders assistant turn {index} differently once later turns follow, "
                 "so the text it was generated as is not a span of the row"
             )
-        spans.append([len(before), len(upto)])
+        spans.append([found, found + len(turn)])
+        cursor = found + len(turn)
     return spans, "turns"
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
