@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench import cold_start, compress, ledger_scale, sandbox_overhead, scaling, turn_cpu
+from bench import chat_templates, cold_start, compress, ledger_scale, sandbox_overhead, scaling, turn_cpu
 
 BENCHMARKS = {
     "turn_cpu": turn_cpu.main,
@@ -18,6 +18,7 @@ BENCHMARKS = {
     "ledger_scale": ledger_scale.main,
     "compress": compress.main,
     "cold_start": cold_start.main,
+    "chat_templates": chat_templates.main,
 }
 
 

@@ -14,7 +14,6 @@ reason. TRL's own dataset preparation then tokenizes the Qwen2.5, Llama 3.1 and 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -314,3 +313,53 @@ def test_the_report_names_what_each_template_needs(exported: Exported) -> None:
         listed = json.loads(row["chat_template_kwargs"]["functions"])
         assert [f["name"] for f in listed] == [t["function"]["name"] for t in row["tools"]]
         assert row["chat_template_kwargs"]["datetime"] == "2024-07-26"
+
+
+# -- TRL's own dataset preparation --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "split"), [("qwen2.5", False), ("llama3.1", True), ("mistral-small-3.2", False)]
+)
+def test_trl_prepares_the_exported_rows(exported: Exported, name: str, split: bool, tmp_path: Path) -> None:
+    """SFTTrainer (a one-layer model built here, no training) tokenizes the exported messages into
+    exactly the text the export checked; Llama 3.1's rows with parallel calls split."""
+    import datasets
+    import trl
+
+    outputs = {
+        "messages": Path(exported.messages[name].report["output"]),
+        "text": Path(exported.text[name].report["output"]),
+    }
+    if split:  # an export of its own
+        for out_format in outputs:
+            outputs[out_format] = tmp_path / f"{out_format}.jsonl"
+            result = trajkit(
+                "export", str(exported.run_dir), "--chat_template", str(exported.models[name]), *TEMPLATE_VARS,
+                "--out_format", out_format, "--out", str(outputs[out_format]), "--split_parallel_calls",
+            )  # fmt: skip
+            assert result.returncode == 0, result.stderr
+    texts = read_jsonl(outputs["text"])
+    assert len(texts) >= 6, "enough rows to prepare"
+    if split:
+        assert any("parallel_calls_split" in r["chat_template_adaptations"] for r in texts)
+    rows = datasets.load_dataset(
+        "json", data_files=str(outputs["messages"]), split="train", cache_dir=str(tmp_path / "cache")
+    )
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(exported.models[name]))
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1 << 16,
+    )  # fmt: skip
+    trainer = trl.SFTTrainer(
+        model=transformers.LlamaForCausalLM(config),
+        args=trl.SFTConfig(
+            output_dir=str(tmp_path / "trl"), report_to=[], max_length=None, use_cpu=True, bf16=False
+        ),
+        train_dataset=rows,
+        processing_class=tokenizer,
+    )
+    prepared = trainer.train_dataset
+    assert prepared.num_rows == len(texts)
+    for example, text_row in zip(prepared, texts, strict=True):
+        assert tokenizer.decode(example["input_ids"]) == text_row["text"]
