@@ -18,7 +18,7 @@ from tests.helpers import write_jsonl
 from trajkit import ledger as ledger_module
 from trajkit.dataset import DatasetRow, read_dataset
 from trajkit.jsonutil import dumps_bytes, dumps_line, loads
-from trajkit.ledger import AppendLog, LedgerWriter, RecordReader, assign, scan
+from trajkit.ledger import AppendLog, LedgerWriter, RecordReader, assign, records, scan
 from trajkit.rundir import batch_files
 
 
@@ -90,6 +90,19 @@ def test_torn_last_line_is_ignored_and_reported(tmp_path: Path) -> None:
     assert [str(bad) for bad in index.bad] == [
         f"{tmp_path / 'batch_0.jsonl'}:2: incomplete last line (a write cut off)"
     ]
+
+
+def test_records_are_read_back_in_ledger_order_once_each(tmp_path: Path) -> None:
+    ledger = LedgerWriter(tmp_path, batch_size=2)
+    for work_id in ("c.0", "a.0", "b.0", "a.1", "d.0"):
+        ledger.append(ledger_record(work_id, prompt_index=ord(work_id[0])))
+    ledger.close()
+    with (tmp_path / "batch_1.jsonl").open("a") as handle:  # a repeat, then a torn line
+        handle.write(json.dumps(ledger_record("a.0", prompt_index=-1)) + "\n" + '{"work_id": "e.0"')
+    index = scan(tmp_path)
+    read = list(records(index))
+    assert [r["work_id"] for r in read] == ["c.0", "a.0", "b.0", "a.1", "d.0"]
+    assert [r["prompt_index"] for r in read][:2] == [ord("c"), ord("a")], "the first record of a work item"
 
 
 def test_duplicates_resume_k_minus_j_and_edits_keep_identity(tmp_path: Path) -> None:

@@ -182,6 +182,20 @@ class RecordReader:
         self.handles.clear()
 
 
+def records(index: LedgerIndex) -> Iterator[dict[str, Any]]:
+    """Every record of ``index`` (one per finished work item), in ledger order, read one at a time.
+
+    Batch files are only ever appended to, so this reads a run that is still going as it stood
+    when ``index`` was made.
+    """
+    reader = RecordReader(index)
+    try:
+        for location in sorted(index.records.values(), key=lambda at: (at.file, at.offset)):
+            yield reader.read(location)
+    finally:
+        reader.close()
+
+
 class AppendLog:
     """A JSONL file appended line by line: each line handed to the OS as it comes, fsynced at most
     every half second on the fsync thread (never on the caller's), and on disk once closed.
