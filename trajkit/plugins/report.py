@@ -41,20 +41,10 @@ def trajkit_commands(cli: click.Group) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
 def stats(run_dir: Path) -> None:
     """The statistics of a run as tables: outcome, tools, backends, model client."""
-    from rich import box
-    from rich.console import Console
-
     from trajkit.plugins.report_run import load_run
-    from trajkit.plugins.report_tables import stats_tables
+    from trajkit.plugins.report_tables import print_renderables, stats_tables
 
-    run = load_run(run_dir)
-    console = Console(highlight=False)
-    plain = not console.is_terminal
-    if plain:  # piped or captured: plain ASCII, wide enough that no row wraps
-        console = Console(highlight=False, no_color=True, width=max(console.width, 120))
-    for table in stats_tables(run):
-        table.box = box.ASCII if plain else box.ROUNDED
-        console.print(table)
+    print_renderables(stats_tables(load_run(run_dir)))
 
 
 @click.command()
@@ -96,7 +86,7 @@ _MOVED = {
         "TURN_CHARS HISTOGRAM_BINS TOP_REASONS"
     ),
     "trajkit.plugins.report_tables": "stats_tables number percent duration money",
-    "trajkit.plugins.report_page": "render_html embed_json PAGE STYLE",
+    "trajkit.plugins.report_page": "render_html embed_json PAGE",
     "trajkit.plugins.report_script": "SCRIPT",
 }
 _HOME = {name: module for module, names in _MOVED.items() for name in names.split()}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
     from rich.table import Table
 
     from trajkit.plugins.report_run import RunFiles
@@ -34,6 +36,23 @@ def duration(seconds: float | None) -> str:
 
 def money(value: float | None) -> str:
     return "-" if value is None else f"${value:,.4f}"
+
+
+def print_renderables(shown: Sequence[RenderableType]) -> None:
+    """Print tables (and text) to stdout: rounded boxes on a terminal; piped or captured, plain
+    ASCII without colour, wide enough that no row wraps."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    plain = not console.is_terminal
+    if plain:
+        console = Console(highlight=False, no_color=True, width=max(console.width, 120))
+    for item in shown:
+        if isinstance(item, Table):
+            item.box = box.ASCII if plain else box.ROUNDED
+        console.print(item)
 
 
 def stats_tables(run: RunFiles) -> list[Table]:
