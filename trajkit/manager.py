@@ -49,6 +49,7 @@ DEFAULT_PLUGINS = (
     "trajkit.plugins.local_executor",
     "trajkit.plugins.export",
     "trajkit.plugins.report",
+    "trajkit.plugins.compare",
     "trajkit.plugins.compressors",
     "trajkit.plugins.token_counters",
     "trajkit.plugins.serve",
