@@ -263,4 +263,5 @@ def _ratio(part: float, whole: float) -> float | None:
 
 
 def _r(value: float | None) -> float | None:
-    return None if value is None else round(value, 6)
+    """Twelve significant digits: no float noise (0.30000000000000004) in the JSON, tiny costs kept."""
+    return None if value is None else float(f"{value:.12g}")
