@@ -67,10 +67,10 @@ def compare(run_dirs: tuple[Path, ...], as_json: bool, page: Path | None) -> Non
     else:
         print_comparison(data)
     if page is not None:
-        from trajkit.plugins.compare_page import render_page
+        from trajkit.plugins.compare_page import render_comparison
 
         page.parent.mkdir(parents=True, exist_ok=True)
-        page.write_text(render_page(data), encoding="utf-8")
+        page.write_text(render_comparison(data), encoding="utf-8")
         click.echo(f"wrote {page}", err=True)
 
 

@@ -11,8 +11,8 @@ embedded for browsing are capped, because a page holding a million conversations
 
 This module registers the commands and stays small, because every ``trajkit`` process imports it;
 the work is in :mod:`trajkit.plugins.report_run` (reading the run, the report's data),
-:mod:`trajkit.plugins.report_tables` (the stats tables), :mod:`trajkit.plugins.report_page` and
-:mod:`trajkit.plugins.report_script` (the page), imported when a command runs.
+:mod:`trajkit.plugins.report_tables` (the stats tables) and :mod:`trajkit.plugins.report_page` (the
+page: a template and static files), imported when a command runs.
 """
 
 from __future__ import annotations
@@ -86,8 +86,7 @@ _MOVED = {
         "TURN_CHARS HISTOGRAM_BINS TOP_REASONS"
     ),
     "trajkit.plugins.report_tables": "stats_tables number percent duration money",
-    "trajkit.plugins.report_page": "render_html embed_json PAGE",
-    "trajkit.plugins.report_script": "SCRIPT",
+    "trajkit.plugins.report_page": "render_html embed_json",
 }
 _HOME = {name: module for module, names in _MOVED.items() for name in names.split()}
 

@@ -1,14 +1,20 @@
-"""The ``trajkit report`` page: one self-contained HTML file (inline CSS and JS, data as embedded JSON)."""
+"""trajkit's HTML pages (``trajkit report``, ``trajkit compare``): each one self-contained file.
+
+The markup is jinja2 templates (``trajkit/plugins/templates``: ``page.html``, the frame every page
+extends, holding the Content-Security-Policy that forbids every fetch), the style and the shared
+scripts are static files (``trajkit/plugins/static``), all package data and all inlined, and the
+page's data is embedded as JSON its script reads.
+"""
 
 from __future__ import annotations
 
 import functools
-import html
 import importlib.resources
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trajkit.plugins.report_script import SCRIPT
+if TYPE_CHECKING:
+    import jinja2
 
 
 def embed_json(data: Any) -> str:
@@ -23,57 +29,57 @@ def embed_json(data: Any) -> str:
 
 @functools.cache
 def asset(name: str) -> str:
-    """A file of the pages' shared style and scripts (``trajkit/plugins/static``, package data)."""
+    """A file of the pages' style and scripts (``trajkit/plugins/static``)."""
     return importlib.resources.files("trajkit.plugins").joinpath("static", name).read_text(encoding="utf-8")
 
 
-def render_html(data: dict[str, Any]) -> str:
-    return (
-        PAGE.replace("__TITLE__", html.escape(f"trajkit report: {data['run']['name']}"))
-        .replace("__STYLE__", asset("page.css"))
-        .replace("__SCRIPT__", asset("page.js") + SCRIPT)
-        .replace("__DATA__", embed_json(data))
+@functools.cache
+def templates() -> jinja2.Environment:
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("trajkit.plugins", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
     )
 
 
-PAGE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy"
-  content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="icon" href="data:,">
-<title>__TITLE__</title>
-<style>__STYLE__</style>
-</head>
-<body>
-<header>
-  <h1 id="title">trajkit report</h1>
-  <div id="subtitle" class="muted"></div>
-</header>
-<main>
-  <section id="summary" aria-label="run summary"></section>
-  <section id="charts" aria-label="charts"></section>
-  <section id="browser" aria-label="trajectories">
-    <h2>Trajectories</h2>
-    <div class="toolbar">
-      <input id="search" type="search" placeholder="Search prompts, answers, reasoning, tool calls…"
-        aria-label="search">
-      <label>status <select id="status-filter"></select></label>
-      <label>tool <select id="tool-filter"></select></label>
-      <label>backend <select id="backend-filter"></select></label>
-      <span id="shown-count" class="muted"></span>
-    </div>
-    <p id="cap-note" class="note" hidden></p>
-    <div class="panes">
-      <ol id="traj-list"></ol>
-      <article id="detail"></article>
-    </div>
-  </section>
-</main>
-<script type="application/json" id="report-data">__DATA__</script>
-<script>__SCRIPT__</script>
-</body>
-</html>
-"""
+def render_page(
+    template: str,
+    *,
+    title: str,
+    data_id: str,
+    data: Any,
+    styles: list[str],
+    scripts: list[str],
+    **context: Any,
+) -> str:
+    """A page from its template: the static ``styles`` and ``scripts`` inlined, ``data`` embedded as
+    JSON in the element ``data_id``; everything else in ``context`` is escaped by jinja2."""
+    from markupsafe import Markup
+
+    return (
+        templates()
+        .get_template(template)
+        .render(
+            title=title,
+            data_id=data_id,
+            # files of this package, and JSON made safe inside <script>: inserted as they are
+            style=Markup("".join(asset(name) for name in styles)),
+            script=Markup("".join(asset(name) for name in scripts)),
+            embedded=Markup(embed_json(data)),
+            **context,
+        )
+    )
+
+
+def render_html(data: dict[str, Any]) -> str:
+    """The ``trajkit report`` page."""
+    return render_page(
+        "report.html",
+        title=f"trajkit report: {data['run']['name']}",
+        data_id="report-data",
+        data=data,
+        styles=["page.css"],
+        scripts=["page.js", "report.js"],
+    )

@@ -1,10 +1,6 @@
-"""The script of the ``trajkit report`` page: summary cards, SVG charts and the trajectory browser.
-
-It reads everything from the page's ``report-data`` element (see :func:`trajkit.plugins.report_page.render_html`)
-and fetches nothing: the page's Content-Security-Policy forbids it.
-"""
-
-SCRIPT = r"""
+// The script of the `trajkit report` page: summary cards, SVG charts and the trajectory browser.
+// It reads everything from the page's `report-data` element and fetches nothing: the page's
+// Content-Security-Policy forbids it. Loaded after page.js, in the same element.
 const DATA = JSON.parse(document.getElementById("report-data").textContent);
 
 // -- summary ------------------------------------------------------------------------------------
@@ -253,4 +249,3 @@ renderSummary();
 renderCharts();
 renderBrowser();
 document.body.dataset.ready = "1";
-"""
