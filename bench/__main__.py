@@ -9,7 +9,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench import chat_templates, cold_start, compress, ledger_scale, sandbox_overhead, scaling, turn_cpu
+from bench import (
+    chat_templates,
+    cold_start,
+    compare_scale,
+    compress,
+    ledger_scale,
+    sandbox_overhead,
+    scaling,
+    turn_cpu,
+)
 
 BENCHMARKS = {
     "turn_cpu": turn_cpu.main,
@@ -19,6 +28,7 @@ BENCHMARKS = {
     "compress": compress.main,
     "cold_start": cold_start.main,
     "chat_templates": chat_templates.main,
+    "compare_scale": compare_scale.main,
 }
 
 

@@ -144,3 +144,20 @@ def test_latency_percentiles_and_costs_of_a_handmade_ledger(tmp_path: Path) -> N
     assert figures["cost_per_trajectory"] == pytest.approx(0.04 / 3)
     assert figures["cost_per_passed"] == pytest.approx(0.04 / 2)  # p0 and p2 passed
     assert figures["tokens"]["prompt"] == pytest.approx((0 + 10 + 20) / 3)
+
+
+def test_every_template_and_static_file_is_package_data() -> None:
+    """A page file the wheel leaves out would break ``trajkit report`` and ``compare`` once installed."""
+    import fnmatch
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = patterns["trajkit.plugins"]
+    files = [
+        path.relative_to(root / "trajkit" / "plugins").as_posix()
+        for folder in ("templates", "static")
+        for path in (root / "trajkit" / "plugins" / folder).iterdir()
+    ]
+    assert {"templates/page.html", "templates/compare.html", "static/compare.js"} <= set(files)
+    assert [f for f in files if not any(fnmatch.fnmatch(f, p) for p in shipped)] == []

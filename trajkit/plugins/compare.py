@@ -15,7 +15,9 @@ command runs.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -50,9 +52,6 @@ def compare(run_dirs: tuple[Path, ...], as_json: bool, page: Path | None) -> Non
     """
     import json
 
-    from trajkit.plugins.compare_build import compare_runs, run_labels
-    from trajkit.plugins.compare_read import read_run
-
     if len(run_dirs) < 2:
         raise click.UsageError("compare needs two or more run directories")
     seen: dict[Path, Path] = {}
@@ -60,8 +59,7 @@ def compare(run_dirs: tuple[Path, ...], as_json: bool, page: Path | None) -> Non
         first = seen.setdefault(run_dir.resolve(), run_dir)
         if first is not run_dir:
             raise click.UsageError(f"{run_dir} is given twice")
-    runs = [read_run(run_dir) for run_dir in run_dirs]
-    data = compare_runs(runs, run_labels(runs, run_dirs))
+    data = read_and_compare(run_dirs)
     if as_json:
         click.echo(json.dumps(data, indent=2, ensure_ascii=False))
     else:
@@ -72,6 +70,26 @@ def compare(run_dirs: tuple[Path, ...], as_json: bool, page: Path | None) -> Non
         page.parent.mkdir(parents=True, exist_ok=True)
         page.write_text(render_comparison(data), encoding="utf-8")
         click.echo(f"wrote {page}", err=True)
+
+
+def read_and_compare(run_dirs: tuple[Path, ...]) -> dict[str, Any]:
+    """Read every run and compare them, saying what is being read on a terminal (a run of a
+    million trajectories takes a minute or more)."""
+    from rich.console import Console
+
+    from trajkit.plugins.compare_build import compare_runs, run_labels
+    from trajkit.plugins.compare_read import read_run
+
+    console = Console(stderr=True)
+    with console.status("", spinner="dots") if console.is_terminal else contextlib.nullcontext() as status:
+        runs = []
+        for position, run_dir in enumerate(run_dirs, 1):
+            if status is not None:
+                status.update(f"reading run {position} of {len(run_dirs)}: {run_dir}")
+            runs.append(read_run(run_dir))
+        if status is not None:
+            status.update("comparing")
+        return compare_runs(runs, run_labels(runs, run_dirs))
 
 
 def print_comparison(data: dict[str, object]) -> None:

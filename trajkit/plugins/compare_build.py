@@ -9,6 +9,7 @@ baseline), on the prompts both scored.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import Counter
@@ -200,9 +201,10 @@ def paired_entry(
 ) -> dict[str, Any]:
     """The run against the baseline on the prompts both scored: overall and per source."""
     mine, theirs = prompt_scores(run.trajectories), prompt_scores(baseline.trajectories)
-    both = sorted(set(mine) & set(theirs))
+    both = tuple(sorted(set(mine) & set(theirs)))
 
-    def difference(prompts: list[str]) -> dict[str, Any] | None:
+    @functools.cache
+    def difference(prompts: tuple[str, ...]) -> dict[str, Any] | None:
         found = paired([mine[p][1] / mine[p][0] - theirs[p][1] / theirs[p][0] for p in prompts])
         if found is None:
             return None
@@ -218,7 +220,7 @@ def paired_entry(
 
     return {
         **(difference(both) or {"prompts": 0, "difference": None}),
-        "by_source": {s: difference([p for p in both if source_of[p] == s]) for s in sources},
+        "by_source": {s: difference(tuple(p for p in both if source_of[p] == s)) for s in sources},
     }
 
 

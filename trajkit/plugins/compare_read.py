@@ -9,6 +9,7 @@ trajectory, never the conversations.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from trajkit.rundir import (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Trajectory:
     """What ``compare`` needs of one finished trajectory."""
 
@@ -57,8 +58,9 @@ class Trajectory:
         source = record["metadata"].get("source")
         cost = usage.get("cost")
         return cls(
-            prompt_id=record["prompt_id"],
-            source=NO_SOURCE if source is None else str(source),
+            # interned: a prompt's samples (and runs of one suite) share one string
+            prompt_id=sys.intern(record["prompt_id"]),
+            source=sys.intern(NO_SOURCE if source is None else str(source)),
             passed=bool(score["passed"]) if isinstance(score, dict) else None,
             api_calls=record["api_calls"],
             prompt_tokens=usage["prompt_tokens"],
@@ -66,12 +68,14 @@ class Trajectory:
             cost=float(cost) if isinstance(cost, int | float) else None,
             duration_s=float(record["duration_s"]),
             tool_calls=tuple(
-                (name, int(stat.get("count", 0)), int(stat.get("failure", 0)))
+                (sys.intern(name), int(stat.get("count", 0)), int(stat.get("failure", 0)))
                 for name, stat in sorted(record["tool_stats"].items())
                 if stat.get("count")
             ),
             invalid_tool_calls=int(record.get("invalid_tool_calls") or 0),
-            toolsets_offered=tuple(record.get("toolsets_offered", record.get("toolsets_used") or ())),
+            toolsets_offered=tuple(
+                sys.intern(name) for name in record.get("toolsets_offered", record.get("toolsets_used") or ())
+            ),
             completed=bool(record["completed"]),
         )
 
