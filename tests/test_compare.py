@@ -321,7 +321,7 @@ def test_what_the_runs_offered_differently_is_said_first(suite: Path) -> None:
     data = compare_json(suite / "alpha", suite / "beta", suite / "gamma")
     found = {d["what"]: d["values"] for d in data["differences"]}
     assert set(found) == {"distribution", "max_turns", "temperature", "tools offered", "toolsets drawn"}
-    assert found["distribution"] == {"alpha": "terminal_only", "beta": "terminal_only", "gamma": "default"}
+    assert found["distribution"] == {"alpha": "terminal_only", "beta": "terminal_only", "gamma": "sandboxed"}
     assert found["max_turns"] == {"alpha": 10, "beta": 10, "gamma": 4}
     assert found["temperature"] == {"alpha": None, "beta": 0.7, "gamma": None}
     assert set(found["tools offered"]["gamma"]) - set(found["tools offered"]["alpha"]) == {"execute_code"}
@@ -339,7 +339,7 @@ def test_what_the_runs_offered_differently_is_said_first(suite: Path) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "These runs differ in what they offered (compared all the same):"
-    assert lines[1] == "  distribution: alpha terminal_only · beta terminal_only · gamma default"
+    assert lines[1] == "  distribution: alpha terminal_only · beta terminal_only · gamma sandboxed"
     assert "  toolsets drawn (beyond file, terminal): alpha (none) · beta (none) · gamma code" in lines
     low, high = wilson(12, 16)
     assert f"75.0% [{100 * low:.1f}%, {100 * high:.1f}%]" in result.stdout
