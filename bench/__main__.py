@@ -14,6 +14,7 @@ from bench import (
     cold_start,
     compare_scale,
     compress,
+    file_tools,
     ledger_scale,
     sandbox_overhead,
     scaling,
@@ -29,6 +30,7 @@ BENCHMARKS = {
     "cold_start": cold_start.main,
     "chat_templates": chat_templates.main,
     "compare_scale": compare_scale.main,
+    "file_tools": file_tools.main,
 }
 
 

@@ -135,17 +135,32 @@ async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
 def _lines(data: bytes, first: int, count: int) -> Iterator[str]:
     """Lines ``first`` (from 1) on of ``data``, ``count`` at most, each decoded on its own: a large
     file is never split or decoded whole (numbered as grep numbers them: by line feeds)."""
-    start = 0
-    for _ in range(first - 1):
-        start = data.find(b"\n", start) + 1
-        if not start:
-            return
+    start = _line_start(data, first)
+    if start < 0:
+        return
     for _ in range(count):
         end = data.find(b"\n", start)
         yield data[start : len(data) if end < 0 else end].removesuffix(b"\r").decode("utf-8", "replace")
         if end < 0:
             return
         start = end + 1
+
+
+def _line_start(data: bytes, first: int) -> int:
+    """Where line ``first`` (from 1) of ``data`` starts, or -1: line feeds are counted a block at
+    a time in C, and looked for one by one only in the block that holds the one wanted."""
+    wanted, start = first - 1, 0
+    while wanted:
+        end = min(start + (1 << 16), len(data))
+        found = data.count(b"\n", start, end)
+        if found >= wanted:
+            for _ in range(wanted):
+                start = data.find(b"\n", start) + 1
+            return start
+        if end == len(data):
+            return -1
+        wanted, start = wanted - found, end
+    return start
 
 
 # -- write_file and patch ------------------------------------------------------------------------
