@@ -166,23 +166,32 @@ class ModelClient(ABC):
         """Release connections at the end of the run."""
 
 
-_REASONING_TAGS = re.compile(
-    r"<(think|thinking|REASONING_SCRATCHPAD)>(.*?)(?:</\1>|$)", re.DOTALL | re.IGNORECASE
-)
+_LEADING_TAG = re.compile(r"\s*<(think|thinking|REASONING_SCRATCHPAD)>", re.IGNORECASE)
+"""The opening tag of the reasoning block that tag dialects put first in the content."""
 
 
 def split_reasoning(content: str) -> tuple[str, str | None]:
-    """Move ``<think>``/``<REASONING_SCRATCHPAD>`` blocks out of ``content``.
+    """Move a leading ``<think>``/``<thinking>``/``<REASONING_SCRATCHPAD>`` block out of ``content``.
 
-    Returns the content without the blocks and the joined reasoning (None when there was none).
-    An unclosed tag runs to the end of the content, as models cut off by the length limit leave it.
+    Returns the content after the block and the block's text (None when the content does not
+    open with one). Only the start of the content is read, where the dialects put the block: the
+    same tags anywhere else are text the model wrote (an answer about tags, a quoted template)
+    and stay in the content. An unclosed block runs to the end of the content, as a model cut
+    off by the length limit leaves it.
     """
-    if "<" not in content:
+    opening = _LEADING_TAG.match(content)
+    if opening is None:
         return content, None
-    parts = [m.group(2).strip() for m in _REASONING_TAGS.finditer(content)]
-    if not parts:
-        return content, None
-    return _REASONING_TAGS.sub("", content).strip(), "\n\n".join(p for p in parts if p) or None
+    closing = re.compile(f"</{opening.group(1)}>", re.IGNORECASE).search(content, opening.end())
+    if closing is None:
+        return "", content[opening.end() :].strip() or None
+    return content[closing.end() :].strip(), content[opening.end() : closing.start()].strip() or None
+
+
+def sent_reasoning(message: dict[str, Any]) -> bool:
+    """Whether the endpoint sent reasoning in a field of its own (even encrypted): it has then
+    parsed the model's output itself, and the content is the answer as written."""
+    return any(message.get(key) for key in ("reasoning", "reasoning_content", "reasoning_details"))
 
 
 def reasoning_from_message(message: dict[str, Any]) -> str | None:
@@ -213,13 +222,17 @@ def parse_assistant_message(
 ) -> AssistantMessage:
     """Read one wire-format assistant message, whatever the endpoint's dialect.
 
-    Reasoning tags in the content are moved into ``reasoning``; tool calls without an id get a
-    stable one, so the history sent back is always well-formed.
+    Reasoning from the endpoint's own fields, or else from a tag block opening the content
+    (:func:`split_reasoning`); tool calls without an id get a stable one, so the history sent back
+    is always well-formed.
     """
-    content, tagged = split_reasoning(message.get("content") or "")
-    reasoning = reasoning_from_message(message)
-    if tagged:
-        reasoning = f"{reasoning}\n\n{tagged}" if reasoning else tagged
+    content = message.get("content") or ""
+    if isinstance(content, list):  # content parts: their text, in order
+        content = "".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
+    if sent_reasoning(message):
+        reasoning = reasoning_from_message(message)
+    else:
+        content, reasoning = split_reasoning(content)
     calls = []
     for position, call in enumerate(message.get("tool_calls") or []):
         function = call.get("function") or {}
