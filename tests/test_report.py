@@ -146,7 +146,7 @@ def test_stats_shows_the_key_numbers(dialect_run: Path) -> None:
         "cost": "$0.0000",
     }
     assert {label: rows[label][0] for label in expected} == expected
-    assert rows["api_error"] == ["1", "1"]  # failures table: attempts, still failing
+    assert rows["api_error"] == ["1", "1", "0"]  # failures table: attempts, still failing, for good
     for tool, stat in stats["tools"].items():
         rate = "-" if stat["success_rate"] is None else f"{stat['success_rate']:.1%}"
         assert rows[tool] == [str(stat["count"]), str(stat["success"]), str(stat["failure"]), rate], tool

@@ -318,6 +318,44 @@ def test_raw_stream_order_tool_events_and_usage(served: tuple[ServeProcess, Path
     assert len(reasoning_at) == 4 and content_at and max(reasoning_at) < min(content_at)
 
 
+def test_streamed_reasoning_keeps_the_turns_apart(served: tuple[ServeProcess, Path, Path]) -> None:
+    """Each turn's reasoning arrives as it happens; read together, the deltas are what the plain
+    answer's ``reasoning_content`` says, turns separated, not run into one another."""
+    process, _, _ = served
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tidy the notes m8"}]}
+    status, _, text = asyncio.run(raw_post(f"{process.base_url}/chat/completions", body))
+    assert status == 200
+    whole = json.loads(text)["choices"][0]["message"]["reasoning_content"]
+    status, _, text = asyncio.run(raw_post(f"{process.base_url}/chat/completions", {**body, "stream": True}))
+    deltas = [
+        p["choices"][0]["delta"] for k, p in parse_sse(text) if k == "data" and p != "[DONE]" and p["choices"]
+    ]
+    streamed = "".join(d.get("reasoning_content", "") for d in deltas)
+    assert whole.count("\n\n") >= 3 and streamed == whole
+
+
+def test_a_conversation_too_long_for_the_model_is_a_400_no_client_retries(
+    served: tuple[ServeProcess, Path, Path], model_server: OpenAITestServer
+) -> None:
+    """OpenAI's 400 ``context_length_exceeded``: the SDK (retrying a 5xx twice by default) gives up
+    at once, so one request is one agent session; streamed, the error arrives as OpenAI's SDKs
+    raise it."""
+    process, _, _ = served
+    sdk = openai.OpenAI(base_url=process.base_url, api_key=SERVER_KEY)  # the SDK's default retries
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Tidy o1 [overflow]"}])
+    assert refused.value.code == "context_length_exceeded" and refused.value.param == "messages"
+    assert "maximum context length" in refused.value.message
+    sessions = [body for body in model_requests(model_server, "o1") if len(body["messages"]) == 2]
+    assert len(sessions) == 1, "one agent session for one request"
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tidy o2 [overflow]"}], "stream": True}
+    status, _, text = asyncio.run(raw_post(f"{process.base_url}/chat/completions", body))
+    assert status == 200  # the headers left before the model's refusal
+    error = [payload for kind, payload in parse_sse(text) if kind == "data" and "error" in payload]
+    assert [e["error"]["code"] for e in error] == ["context_length_exceeded"]
+
+
 def test_keepalive_comments_during_a_long_tool_call(
     model_server: OpenAITestServer, keys: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -183,9 +183,18 @@ def execute(config: RunConfig, host: PluginHost) -> int:
         + (f"samples done ({stats['dataset_rows']} rows x {samples}), " if samples > 1 else "rows done, ")
         + f"{stats['kept']} kept, "
         f"{stats['rejected']} rejected, {stats['pending']} pending"
+        + (f", {stats['failed_for_good']} failed for good" if stats.get("failed_for_good") else "")
         + (f", {len(outcome.row_errors)} invalid rows" if outcome.row_errors else ""),
         err=True,
     )
+    if stats.get("failed_for_good"):
+        classes = stats["failures"]["failed_for_good_by_class"]
+        click.echo(
+            f"failed for good ({', '.join(f'{name}: {n}' for name, n in classes.items())}): no attempt can "
+            "succeed with these settings, so a resume runs them again only if a setting that shapes the "
+            f"sessions changes (model, endpoint, max_tokens...); `trajkit status {config.run_dir}` lists them",
+            err=True,
+        )
     if stats["pending"] or runner.interrupted:
         click.echo(f"to finish: {_resume_command(config)}", err=True)
     return outcome.exit_code
@@ -355,10 +364,13 @@ def status(run_dir: Path) -> None:
         click.echo(f"error: {exc if isinstance(exc, RunIOError) else RunIOError.of(exc, run_dir)}", err=True)
         sys.exit(EXIT_IO)
     problems = summary.pop("problems")
+    final = summary.pop("failed_for_good_rows")
     for key, value in summary.items():
         click.echo(f"{key:18} {value}")
     for problem in problems:
         click.echo(f"bad ledger line: {problem} (its prompt runs again on --resume)")
+    for line in final:
+        click.echo(f"failed for good: {line}")
 
 
 @cli.group()

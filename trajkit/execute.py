@@ -32,11 +32,20 @@ log = logging.getLogger("trajkit")
 
 
 class SessionFailure(Exception):
-    def __init__(self, error_class: str, message: str, *, retryable: bool = True, stops_run: bool = False):
+    def __init__(
+        self,
+        error_class: str,
+        message: str,
+        *,
+        retryable: bool = True,
+        stops_run: bool = False,
+        permanent: bool = False,
+    ):
         super().__init__(message)
         self.error_class = error_class
-        self.retryable = retryable
+        self.retryable = retryable and not permanent
         self.stops_run = stops_run
+        self.permanent = permanent
 
 
 class Sessions:
@@ -115,7 +124,13 @@ class Sessions:
                 final = failure.stops_run or not failure.retryable or attempt == config.max_attempts
                 driver.report(
                     Failed(
-                        order.work_id, attempt, failure.error_class, str(failure), final, failure.stops_run
+                        order.work_id,
+                        attempt,
+                        failure.error_class,
+                        str(failure),
+                        final,
+                        failure.stops_run,
+                        failure.permanent,
                     )
                 )
                 if final:
@@ -142,7 +157,11 @@ class Sessions:
             raise SessionFailure("prompt_timeout", f"no result within {timeout:g}s") from None
         except ModelError as exc:
             raise SessionFailure(
-                exc.error_class, str(exc), retryable=exc.retryable, stops_run=exc.stops_run
+                exc.error_class,
+                str(exc),
+                retryable=exc.retryable,
+                stops_run=exc.stops_run,
+                permanent=exc.permanent,
             ) from None
         except ImageUnavailable as exc:
             raise SessionFailure(exc.error_class, str(exc), retryable=False) from None

@@ -81,6 +81,10 @@ class Failed:
     """No further attempt of this work item is made in this invocation."""
     stops_run: bool = False
     """The failure would fail every session (refused credentials...): no new session may start."""
+    permanent: bool = False
+    """No attempt of this work item can succeed with the run's settings (its conversation outgrows
+    the model's context): a later invocation does not run it again unless those settings change.
+    Implies ``final``."""
 
 
 Outcome = Finished | Failed

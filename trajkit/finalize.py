@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from trajkit.dataset import WorkItem
 from trajkit.filters import Record, TrajectoryFilter
 from trajkit.jsonutil import dumps_line
 from trajkit.ledger import LedgerIndex, Location, RecordReader, read_jsonl, scan
+from trajkit.permanent import SHOWN_ROWS, describe, failed_for_good
 from trajkit.rundir import (
     CHECKPOINT_FILE,
     FAILURES_FILE,
@@ -271,12 +272,17 @@ def merge_run(
     writers: Sequence[OutputWriter],
     run_tools: list[str],
     manifest: dict[str, Any],
+    settled: Mapping[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The merge, then ``statistics.json`` and ``checkpoint.json``, all from the ledger; returns the
-    statistics. What was spent counts every model response of every invocation, killed ones too."""
+    statistics. What was spent counts every model response of every invocation, killed ones too.
+    ``settled``: the rows failed for good (:func:`trajkit.permanent.failed_for_good`), neither done
+    nor pending."""
     for bad in index.bad:
         log.warning("ledger line skipped, its prompt runs again: %s", bad)
-    pending = {item.work_id for item, location in paired if location is None}
+    missing = {item.work_id for item, location in paired if location is None}
+    final = {work_id: entry for work_id, entry in (settled or {}).items() if work_id in missing}
+    pending = missing - set(final)
     records = finalize(run_dir, paired, index, filters, writers, run_tools)
     invocations = manifest["invocations"]
     statistics = {
@@ -284,11 +290,12 @@ def merge_run(
         "dataset_rows": len({item.index for item, _ in paired}),
         "samples_per_prompt": _samples_per_prompt(paired),
         "work_items": len(paired),
-        "done": len(paired) - len(pending),
+        "done": len(paired) - len(missing),
         "pending": len(pending),
+        "failed_for_good": len(final),
         **records,
         "spent": spent(invocations),
-        "failures": failure_summary(run_dir, pending),
+        "failures": failure_summary(run_dir, pending, final),
         "invocations": len(invocations),
         "wall_seconds": round(sum(i.get("wall_seconds", 0) for i in invocations), 3),
         "bad_ledger_lines": len(index.bad),
@@ -332,19 +339,31 @@ def warn_if_all_rejected(statistics: dict[str, Any], config: RunConfig) -> None:
     )
 
 
-def failure_summary(run_dir: Path, pending_work: set[str]) -> dict[str, Any]:
-    """Failures across invocations: every attempt by class, and the rows still failing."""
+def failure_summary(
+    run_dir: Path, pending_work: set[str], final: Mapping[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Failures across invocations: every attempt by class, the rows still failing (pending, tried
+    again by a resume) and those failed for good (``final``), the first of them one by one."""
+    final = final or {}
     attempts: Counter[str] = Counter()
     last_error: dict[str, str] = {}
     for entry in read_jsonl(run_dir / FAILURES_FILE):
         attempts[entry.get("error_class", "unknown")] += 1
         last_error[entry.get("work_id", "")] = entry.get("error_class", "unknown")
     still_failing = Counter(cls for work, cls in last_error.items() if work in pending_work)
+    for_good = Counter(str(entry.get("error_class", "unknown")) for entry in final.values())
+    shown = sorted(final.values(), key=lambda e: (e.get("prompt_index", 0), e.get("work_id", "")))
     return {
         "failed_attempts": sum(attempts.values()),
         "failed_attempts_by_class": dict(sorted(attempts.items())),
         "failing": sum(still_failing.values()),
         "failing_by_class": dict(sorted(still_failing.items())),
+        "failed_for_good": len(final),
+        "failed_for_good_by_class": dict(sorted(for_good.items())),
+        "failed_for_good_rows": [
+            {key: entry.get(key) for key in ("prompt_index", "work_id", "error_class", "message")}
+            for entry in shown[:SHOWN_ROWS]
+        ],
     }
 
 
@@ -353,8 +372,11 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     invocation holds, and on damaged derived files (with a warning)."""
     statistics = read_statistics(run_dir) or {}
     index = scan(run_dir)
+    settled = failed_for_good(run_dir, index.records)
     failing = {
-        e["work_id"] for e in read_jsonl(run_dir / FAILURES_FILE) if e.get("work_id") not in index.records
+        e["work_id"]
+        for e in read_jsonl(run_dir / FAILURES_FILE)
+        if e.get("work_id") not in index.records and e.get("work_id") not in settled
     }
     manifest = read_json_object(
         run_dir / MANIFEST_FILE, {"invocations": list}, "the next invocation rebuilds it"
@@ -372,8 +394,10 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         "rejected": statistics.get("rejected"),
         "pending": statistics.get("pending"),
         "failing": len(failing),
+        "failed_for_good": len(settled),
         "bad_ledger_lines": len(index.bad),
         "invocations": len(manifest["invocations"]) if manifest else None,
         "spent": spent(manifest["invocations"])["cost"] if manifest else None,
         "problems": [str(bad) for bad in index.bad],
+        "failed_for_good_rows": describe(settled),
     }

@@ -26,6 +26,9 @@ class ModelError(RuntimeError):
     """Worth another attempt of the session within this run."""
     stops_run = False
     """Every other session would fail the same way: the run stops instead of failing them one by one."""
+    permanent = False
+    """No attempt of this prompt can succeed with the run's settings: a later ``--resume`` does not
+    run it again either (unless a setting that shapes its sessions changed)."""
 
 
 class ModelAuthError(ModelError):
@@ -41,6 +44,16 @@ class ModelConfigError(ModelError):
 
     error_class = "bad_request"
     retryable = False
+
+
+class ModelContextOverflow(ModelConfigError):
+    """The conversation is longer than the model's context (OpenAI's ``context_length_exceeded``).
+
+    Final for that prompt: the same prompt with the same settings grows the same way.
+    """
+
+    error_class = "context_length_exceeded"
+    permanent = True
 
 
 class ModelNotFound(ModelConfigError):

@@ -22,6 +22,7 @@ from trajkit.finalize import rejection
 from trajkit.hookspecs import RunInfo
 from trajkit.ledger import AppendLog, LedgerWriter, write_held
 from trajkit.manager import PluginHost
+from trajkit.permanent import settings_key
 from trajkit.progress import Counters, Reporter
 from trajkit.rundir import FAILURES_FILE, TOOLS_FILE, Manifest, RunIOError, ToolCatalog
 from trajkit.secrets import Scrubber
@@ -68,6 +69,8 @@ class RunRecorder:
         self.reporter: Reporter | None = None
         self.stop_reason: str | None = None
         self.io_error: RunIOError | None = None
+        self.settings_key = settings_key(config)
+        """Written with a permanent failure: the row runs again only under other settings."""
         self.items: dict[str, WorkItem] = {}
         """This invocation's pending work, by work id."""
         self.done: set[str] = set()
@@ -160,15 +163,18 @@ class RunRecorder:
             "message": self.scrubber.text(failure.message[:2000]),
             "time": datetime.now(UTC).isoformat(),
         }
+        if failure.permanent:
+            entry |= {"permanent": True, "settings_key": self.settings_key}
         if not self.failures.append(entry):
             self.disk_error(self.failures.path, self.failures.error)
         self.counters.errors.append(f"prompt {item.index}: {failure.error_class}: {failure.message[:160]}")
         if failure.stops_run:
             return  # said once, by the stop itself
         log.warning(
-            "prompt %d attempt %d failed (%s): %s | %r",
+            "prompt %d attempt %d failed%s (%s): %s | %r",
             item.index,
             failure.attempt,
+            " for good" if failure.permanent else "",
             failure.error_class,
             failure.message,
             item.row.prompt[: self.config.log_prefix_chars],

@@ -35,6 +35,7 @@ from trajkit.finalize import merge_run, warn_if_all_rejected
 from trajkit.hookspecs import RunInfo
 from trajkit.ledger import scan
 from trajkit.manager import PluginHost
+from trajkit.permanent import failed_for_good, settings_key
 from trajkit.plan import RunError, Work
 from trajkit.progress import Reporter
 from trajkit.recording import (
@@ -128,6 +129,15 @@ class Runner:
     async def _run(self, work: Work) -> RunOutcome:
         index = scan(self.run_dir)
         paired, pending = work.pending(index)
+        key = settings_key(self.config)
+        settled = failed_for_good(self.run_dir, index.records, key)
+        if settled:
+            pending = [order for order in pending if order.work_id not in settled]
+            log.info(
+                "not run again: %d rows that failed for good with these settings (%s)",
+                len(settled),
+                ", ".join(sorted({str(e.get("error_class")) for e in settled.values()})),
+            )
         if pending:
             started = datetime.now(UTC)
             record_invocation_start(
@@ -139,10 +149,18 @@ class Runner:
                 raise recorder.io_error  # no merge on a disk that refuses writes: the resume merges
             index = scan(self.run_dir, index)  # add what this invocation wrote, then plan the merge
             paired, _ = work.pending(index)
+            settled = failed_for_good(self.run_dir, index.records, key)
         else:
-            log.info("nothing to do: all %d rows of the dataset are done", len(paired))
+            log.info("nothing to do: all %d rows of the dataset are done or failed for good", len(paired))
         statistics = merge_run(
-            self.run_dir, paired, index, self.filters, self.writers, self.run_tools, self.manifest.data
+            self.run_dir,
+            paired,
+            index,
+            self.filters,
+            self.writers,
+            self.run_tools,
+            self.manifest.data,
+            settled,
         )
         warn_if_all_rejected(statistics, self.config)
         compressed = self.interrupted or await self._compress()
@@ -163,7 +181,7 @@ class Runner:
     def _exit_code(self, statistics: dict[str, Any], row_errors: list[RowError]) -> int:
         if self.interrupted:
             return EXIT_INTERRUPTED
-        if statistics["pending"] or row_errors or self.stop_reason:
+        if statistics["pending"] or statistics["failed_for_good"] or row_errors or self.stop_reason:
             return EXIT_INCOMPLETE
         return EXIT_OK
 

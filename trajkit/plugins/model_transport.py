@@ -18,6 +18,7 @@ What the aiohttp transport makes explicit, because a model call is paid for:
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from trajkit.jsonutil import dumps_bytes
-from trajkit.model import ModelAuthError, ModelConfigError, ModelError, ModelNotFound
+from trajkit.model import (
+    ModelAuthError,
+    ModelConfigError,
+    ModelContextOverflow,
+    ModelError,
+    ModelNotFound,
+)
 from trajkit.plugins.endpoint import (
     CONNECT_TIMEOUT,
     client_session,
@@ -45,6 +52,16 @@ through it) and far under what proxies and hosted APIs keep."""
 MAX_ANSWER_BYTES = 64 << 20
 """The longest answer read, after decompression: far above any chat completion, far below memory."""
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
+OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+"""Error codes of a conversation longer than the model's context (OpenAI's; llama.cpp's server's)."""
+OVERFLOW_WORDS = re.compile(
+    r"maximum context length|context length exceeded|exceeds? the available context"
+    r"|(?:longer than|exceeds?|too large for).{0,40}(?:context|maximum model length)"
+    r"|prompt is too long|tokens \+ `?max_new_tokens`? must be",
+    re.IGNORECASE,
+)
+"""How endpoints without the code word it: OpenAI, OpenRouter, DeepSeek, vLLM, SGLang, llama.cpp,
+text-generation-inference, Anthropic's and Mistral's compatible APIs."""
 
 
 class Retry(Exception):
@@ -100,7 +117,8 @@ class AiohttpTransport(Transport):
             ) as response:
                 raw = await read_limited(response, self.max_answer)
                 if response.status >= 300:
-                    raise status_error(response.status, error_text(raw), response.headers, self.url)
+                    message, code = error_fields(raw)
+                    raise status_error(response.status, message, response.headers, self.url, code=code)
                 return raw
         except aiohttp.ConnectionTimeoutError:
             reason = f"no connection within {min(self.timeout, CONNECT_TIMEOUT):g}s"
@@ -161,7 +179,8 @@ class SDKTransport(Transport):
         try:
             return await self.client.post("/chat/completions", cast_to=bytes, body=body)
         except openai.APIStatusError as exc:
-            raise status_error(exc.status_code, sdk_message(exc), exc.response.headers, self.url) from None
+            message, code = sdk_error(exc)
+            raise status_error(exc.status_code, message, exc.response.headers, self.url, code=code) from None
         except openai.APIConnectionError as exc:  # a timeout is one too: tell them apart by the cause
             cause = _os_error(exc)
             if cause is not None:
@@ -210,8 +229,11 @@ def _os_error(exc: BaseException) -> OSError | None:
     return None
 
 
-def status_error(status: int, message: str, headers: Mapping[str, str], url: str) -> Exception:
-    """What an answer's status means for the run: retry, fail the session, or stop the run."""
+def status_error(
+    status: int, message: str, headers: Mapping[str, str], url: str, *, code: str | None = None
+) -> Exception:
+    """What an answer's status means for the run: retry, fail the session (for good, when the
+    conversation outgrew the model's context), or stop the run."""
     if 300 <= status < 400:
         return redirect_error(status, headers.get("Location"), url)
     if status in (401, 403):
@@ -221,15 +243,49 @@ def status_error(status: int, message: str, headers: Mapping[str, str], url: str
     if status in RETRYABLE_STATUS or status >= 500:
         kind = "rate_limited" if status == 429 else "server_error"
         return Retry(kind, f"{status}: {message}", retry_after(headers))
+    if context_overflow(message, code):
+        return ModelContextOverflow(
+            f"the conversation is longer than the model's context ({status}): {message}"
+        )
     return ModelConfigError(f"{status} from the endpoint: {message}")
 
 
-def error_text(raw: bytes) -> str:
+def answer_error(error: Any) -> Exception:
+    """An error inside an answer of status 200 (some routers send a provider's failure so): an
+    overflow is final, anything else is worth another try."""
+    message = describe_error(error)
+    if context_overflow(message, error_code(error)):
+        return ModelContextOverflow(f"the conversation is longer than the model's context: {message}")
+    return Retry("server_error", f"the endpoint returned an error: {message}")
+
+
+def context_overflow(message: str, code: str | None) -> bool:
+    """Whether an endpoint's error says the conversation does not fit the model's context."""
+    return code in OVERFLOW_CODES or OVERFLOW_WORDS.search(message) is not None
+
+
+def error_fields(raw: bytes) -> tuple[str, str | None]:
+    """An error answer's message and code (OpenAI's ``{"error": {"message", "code"}}`` or a bare object)."""
     try:
         data = orjson.loads(raw)
     except ValueError:
-        return raw[:500].decode("utf-8", "replace")
-    return describe_error(data.get("error", data)) if isinstance(data, dict) else str(data)[:500]
+        return raw[:500].decode("utf-8", "replace"), None
+    if not isinstance(data, dict):
+        return str(data)[:500], None
+    error = data.get("error", data)
+    return describe_error(error), error_code(error)
+
+
+def error_text(raw: bytes) -> str:
+    return error_fields(raw)[0]
+
+
+def error_code(error: Any) -> str | None:
+    """An error object's code, else its type (llama.cpp's server names the case in ``type``)."""
+    if not isinstance(error, dict):
+        return None
+    code = next((error[key] for key in ("code", "type") if isinstance(error.get(key), str)), None)
+    return str(code) if code is not None else None
 
 
 def describe_error(error: Any) -> str:
@@ -238,8 +294,10 @@ def describe_error(error: Any) -> str:
     return str(error)[:500]
 
 
-def sdk_message(exc: openai.APIStatusError) -> str:
+def sdk_error(exc: openai.APIStatusError) -> tuple[str, str | None]:
+    """The SDK's error's message and code (it has unwrapped OpenAI's ``error`` object already)."""
     body = exc.body
     if isinstance(body, dict):
-        return describe_error(body.get("error", body))
-    return str(exc.message)[:500]
+        error = body.get("error", body)
+        return describe_error(error), error_code(error)
+    return str(exc.message)[:500], None

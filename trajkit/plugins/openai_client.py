@@ -45,7 +45,7 @@ from trajkit.plugins.model_transport import (
     Retry,
     SDKTransport,
     Transport,
-    describe_error,
+    answer_error,
 )
 from trajkit.plugins.openai_settings import OpenAISettings
 from trajkit.ratelimit import RequestLimiter, new_limiter
@@ -336,7 +336,7 @@ class OpenAIClient(ModelClient):
         if isinstance(wire, dict) or data.get("usage"):
             self._count(message, body)  # answered: paid for, whatever becomes of it
         if data.get("error"):
-            raise Retry("server_error", f"the endpoint returned an error: {describe_error(data['error'])}")
+            raise answer_error(data["error"])
         if not isinstance(wire, dict):
             raise Retry("empty_response", "the endpoint returned no choices")
         if not message.content and not message.tool_calls and not message.reasoning:

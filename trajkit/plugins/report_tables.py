@@ -62,6 +62,8 @@ def stats_tables(run: RunFiles) -> list[Table]:
     failures = s.get("failures") or {}
     if failures.get("failed_attempts_by_class"):
         tables.append(failures_table(failures))
+    if failures.get("failed_for_good_rows"):
+        tables.append(failed_for_good_table(failures))
     tables += [tools_table(s.get("tools") or {}), backends_table(s.get("backends") or {})]
     scores = s.get("scores") or {}
     if scores.get("scored"):
@@ -70,7 +72,13 @@ def stats_tables(run: RunFiles) -> list[Table]:
     return tables
 
 
-ALARMING = {"kept": "green", "rejected": "red", "pending": "yellow", "failing": "red"}
+ALARMING = {
+    "kept": "green",
+    "rejected": "red",
+    "pending": "yellow",
+    "failing": "red",
+    "failed for good": "red",
+}
 """Summary rows coloured when their value is neither 0 nor missing."""
 
 
@@ -96,6 +104,11 @@ def summary_rows(run: RunFiles) -> list[tuple[str, str]]:
         ("pending", number(s.get("pending"))),
         ("failing", number(failures.get("failing", 0))),
         *((f"  failing: {cls}", number(n)) for cls, n in (failures.get("failing_by_class") or {}).items()),
+        ("failed for good", number(failures.get("failed_for_good", 0))),
+        *(
+            (f"  failed for good: {cls}", number(n))
+            for cls, n in (failures.get("failed_for_good_by_class") or {}).items()
+        ),
         ("failed attempts", number(failures.get("failed_attempts", 0))),
         ("completed / partial", f"{number(s.get('completed'))} / {number(s.get('partial'))}"),
         ("reasoning coverage", percent(s.get("reasoning_coverage"))),
@@ -133,10 +146,27 @@ def _table(title: str, columns: tuple[str, ...]) -> Table:
 
 
 def failures_table(failures: dict[str, Any]) -> Table:
-    table = _table("failures by error class", ("error class", "failed attempts", "still failing"))
+    columns = ("error class", "failed attempts", "still failing", "failed for good")
+    table = _table("failures by error class", columns)
     still = failures.get("failing_by_class") or {}
+    final = failures.get("failed_for_good_by_class") or {}
     for cls, attempts in failures["failed_attempts_by_class"].items():
-        table.add_row(cls, number(attempts), number(still.get(cls, 0)))
+        table.add_row(cls, number(attempts), number(still.get(cls, 0)), number(final.get(cls, 0)))
+    return table
+
+
+def failed_for_good_table(failures: dict[str, Any]) -> Table:
+    """The rows no attempt can finish with the run's settings, the first of them one by one."""
+    rows = failures["failed_for_good_rows"]
+    table = _table("rows that failed for good (no resume runs them again)", ("prompt", "error class"))
+    table.add_column("message", justify="left")
+    for row in rows:
+        table.add_row(
+            str(row.get("prompt_index")), str(row.get("error_class")), str(row.get("message"))[:300]
+        )
+    more = int(failures.get("failed_for_good", len(rows))) - len(rows)
+    if more > 0:
+        table.add_row("...", f"{more} more", "failures.jsonl lists them all")
     return table
 
 

@@ -11,7 +11,7 @@ import orjson
 from aiohttp import web
 
 from trajkit.agent import ConversationResult, ToolStatus
-from trajkit.model import Message, ModelError, ToolCall, Usage
+from trajkit.model import Message, ModelContextOverflow, ModelError, ToolCall, Usage
 from trajkit.sandbox import SandboxError
 from trajkit.serve.protocol import (
     ChatRequest,
@@ -95,6 +95,8 @@ def failure(agent: ServedAgent, exc: Exception) -> ProtocolError:
         return ProtocolError(
             504, f"the agent did not finish within {limit:g}s", kind="timeout", code="timeout"
         )
+    if isinstance(exc, ModelContextOverflow):  # OpenAI's own answer: the client must not retry it
+        return ProtocolError(400, text, param="messages", code="context_length_exceeded")
     if isinstance(exc, ModelError):
         return ProtocolError(502, f"the model failed: {text}", kind="upstream_error", code=exc.error_class)
     if isinstance(exc, SandboxError):
@@ -159,6 +161,7 @@ async def _stream(
 
     progress = on_tool if settings.tool_progress != "off" else None
     stream = await EventStream.open(request, completion_id(), chat.model)
+    reasoned = False  # whether a turn's reasoning has gone out: the next one starts a paragraph
     await stream.delta({"role": "assistant", "content": ""})
     session = asyncio.create_task(
         agent.run(chat, system, conversation, lambda *texts: queue.put_nowait(("reply", *texts)), progress)
@@ -167,7 +170,7 @@ async def _stream(
     try:
         async with asyncio.timeout(settings.request_timeout):
             while (event := await next_event(queue, stream, settings.keepalive))[0] != "end":
-                await _forward(stream, settings, event)
+                reasoned = await _forward(stream, settings, event, reasoned)
             served = await session
     except ConnectionError:
         return stream.response  # the client went away mid-write; the session is cancelled below
@@ -191,7 +194,11 @@ async def _stream(
     return stream.response
 
 
-async def _forward(stream: EventStream, settings: ServeSettings, event: tuple[Any, ...]) -> None:
+async def _forward(
+    stream: EventStream, settings: ServeSettings, event: tuple[Any, ...], reasoned: bool
+) -> bool:
+    """Send one session event; returns whether any reasoning has been sent so far. Each turn's
+    reasoning after the first opens with a blank line, as the plain answer joins them."""
     if event[0] == "tool":
         call, status = event[1], event[2]
         label = tool_label(call)
@@ -199,12 +206,13 @@ async def _forward(stream: EventStream, settings: ServeSettings, event: tuple[An
             await stream.delta({"content": inline_progress(call, status, label)})
         else:
             await stream.tool(call, status, label)
-        return
+        return reasoned
     reasoning, answer = event[1], event[2]
     if reasoning:
-        await stream.delta({"reasoning_content": reasoning})
+        await stream.delta({"reasoning_content": f"\n\n{reasoning}" if reasoned else reasoning})
     if answer:
         await stream.delta({"content": answer})
+    return reasoned or bool(reasoning)
 
 
 async def _housekeeping(request: web.Request, agent: ServedAgent, chat: ChatRequest) -> web.StreamResponse:

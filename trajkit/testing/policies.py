@@ -7,6 +7,9 @@ Directives in the prompt choose the behaviour, so one dataset can exercise them 
   ``[dialect:none]``: no reasoning at all.
 - ``[hallucinate]``: the first turn calls a tool that was not offered.
 - ``[badargs]``: the first turn calls an offered tool with arguments that are not JSON.
+- ``[overflow]``: once a tool result is in the conversation, the request is refused as longer
+  than the model's context, with OpenAI's 400 ``context_length_exceeded``
+  (:data:`CONTEXT_OVERFLOW`).
 
 :class:`GradedPolicy` is another model: one whose pass counts are known before it runs, per model
 name, for tests of evaluations (``trajkit compare``).
@@ -25,7 +28,15 @@ from typing import Any
 
 from trajkit.plugins.scripted_model import scripted_reply, split_task
 
-DIRECTIVE = re.compile(r"\[(dialect:[a-z_]+|hallucinate|badargs)\]")
+DIRECTIVE = re.compile(r"\[(dialect:[a-z_]+|hallucinate|badargs|overflow)\]")
+CONTEXT_OVERFLOW = {
+    "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in "
+    "9105 tokens. Please reduce the length of the messages.",
+    "type": "invalid_request_error",
+    "param": "messages",
+    "code": "context_length_exceeded",
+}
+"""OpenAI's answer (with status 400) to a conversation longer than the model's context."""
 
 
 def _directives(messages: list[dict[str, Any]]) -> set[str]:
@@ -42,6 +53,8 @@ def dialect_policy(body: dict[str, Any]) -> dict[str, Any]:
     messages = body["messages"]
     tools = [t["function"]["name"] for t in body.get("tools") or []]
     directives = _directives(messages)
+    if "overflow" in directives and any(m.get("role") == "tool" for m in messages):
+        return {"_status": 400, "_error": CONTEXT_OVERFLOW}
     if _first_turn(messages) and "hallucinate" in directives:
         call = {
             "id": "call_h",
