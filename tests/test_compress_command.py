@@ -393,3 +393,48 @@ def test_an_offline_client_s_summaries_are_said_to_be_placeholders(tmp_path: Pat
     assert "--model scripted: summaries are offline placeholders" in done.stderr
     [row] = read_jsonl(tmp_path / "out.jsonl")
     assert row["compression"]["summaries"] >= 1
+
+
+def test_input_lines_that_are_no_trajectory_fail_the_command_by_name(tmp_path: Path) -> None:
+    """Every other record is written, then the command exits 1 naming each skipped line, and the
+    output is marked incomplete (beside it, and in its metrics) until a complete compression."""
+    lines: list[dict[str, Any] | str] = [trajkit_record(i, steps=2, parallel=1) for i in range(20)]
+    lines[6] = '{"prompt_index": 6, "conversations": [{"from": "human", "value": "cut'
+    lines.insert(12, '["a list"]')
+    lines.insert(15, json.dumps({"prompt_index": 77}))  # JSON, but no conversations
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    marker = tmp_path / "out.jsonl.incomplete"
+
+    result = compress(
+        str(source), "--out", str(out), "--max_tokens", "100000", "--strategy", "mask_observations"
+    )
+    assert result.returncode == 1, result.stderr
+    for number, problem in ((7, "not JSON"), (13, "not a JSON object"), (16, "no 'conversations' list")):
+        assert f"{source}:{number}: {problem}" in result.stderr
+    assert "3 input lines skipped" in result.stderr and "incomplete" in result.stderr
+    assert len(read_jsonl(out)) == 19
+    assert marker.is_file() and f"{source}:7" in marker.read_text()
+    metrics = json.loads((tmp_path / "out.jsonl.metrics.json").read_text())
+    assert metrics["complete"] is False and metrics["skipped_input_lines"] == [7, 13, 16]
+
+    # the same input again: nothing to redo, and still incomplete
+    again = compress(
+        str(source), "--out", str(out), "--max_tokens", "100000", "--strategy", "mask_observations"
+    )
+    assert again.returncode == 1 and f"{source}:16" in again.stderr and marker.is_file()
+
+    fixed = write_jsonl(tmp_path / "in.jsonl", [trajkit_record(i, steps=2, parallel=1) for i in range(20)])
+    done = compress(
+        str(fixed),
+        "--out",
+        str(out),
+        "--max_tokens",
+        "100000",
+        "--strategy",
+        "mask_observations",
+        "--overwrite",
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(read_jsonl(out)) == 20 and not marker.exists()
+    assert json.loads((tmp_path / "out.jsonl.metrics.json").read_text())["complete"] is True

@@ -84,6 +84,8 @@ def compress(ctx: click.Context, **flags: Any) -> None:
             "(their compression.error says why)",
             err=True,
         )
+    if prepared.incomplete:
+        raise click.ClickException(prepared.incomplete)
 
 
 def client_params(host: PluginHost, command: click.Command) -> list[click.Parameter]:

@@ -26,6 +26,7 @@ from trajkit.compress.base import Compressor, Outcome, TokenCounter
 from trajkit.compress.metrics import Metrics
 from trajkit.compress.turns import problems
 from trajkit.jsonutil import dumps_line, loads
+from trajkit.rundir import write_atomic
 from trajkit.secrets import Scrubber
 
 log = logging.getLogger("trajkit")
@@ -34,6 +35,9 @@ STATE_SUFFIX = ".compress.json"
 CACHE_SUFFIX = ".summaries.sqlite"
 METRICS_SUFFIX = ".metrics.json"
 LOCK_SUFFIX = ".lock"
+INCOMPLETE_SUFFIX = ".incomplete"
+"""Beside an output that lacks the records of input lines that hold none: which lines they are."""
+SKIPPED_SHOWN = 20
 
 
 class CompressError(RuntimeError):
@@ -80,11 +84,12 @@ class Source:
                 self.position += len(line)
                 if not line.strip():
                     continue
-                record = _parse(line)
+                record, problem = _parse(line)
                 if record is None:
-                    # A line that is no record cannot be carried through; say where it is, go on.
-                    self.metrics.invalid_lines += 1
-                    log.warning("%s:%d: not a JSON object, skipped", self.path, number)
+                    # A line that is no record cannot be carried through: say where it is, go on,
+                    # and the output is marked incomplete at the end.
+                    self.metrics.skip(number)
+                    log.warning("%s:%d: %s, skipped", self.path, number, problem)
                     continue
                 seen += 1
                 hashed = line_hash(line)
@@ -112,12 +117,50 @@ def line_hash(line: bytes) -> str:
     return hashlib.blake2b(line.rstrip(b"\r\n"), digest_size=12).hexdigest()
 
 
-def _parse(line: bytes) -> dict[str, Any] | None:
+def _parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The line's trajectory record, or None and what is wrong with the line."""
     try:
         value = loads(line)
     except ValueError:
+        return None, "not JSON"
+    if not isinstance(value, dict):
+        return None, "not a JSON object"
+    if not isinstance(value.get("conversations"), list):
+        return None, "no 'conversations' list"
+    return value, ""
+
+
+def mark_completeness(job: Job, metrics: Metrics) -> str | None:
+    """Mark the output incomplete (a file beside it naming the skipped input lines) or clear the
+    mark; returns what to tell the user of an incomplete output, None for a complete one."""
+    marker = sidecar(job.output, INCOMPLETE_SUFFIX)
+    if metrics.complete:
+        marker.unlink(missing_ok=True)
         return None
-    return value if isinstance(value, dict) and isinstance(value.get("conversations"), list) else None
+    skipped = describe_skipped(job.source, metrics.skipped_input_lines)
+    more = metrics.invalid_lines - len(skipped)
+    listing = skipped + ([f"... and {more} more"] if more > 0 else [])
+    header = f"{job.output} lacks the records of these lines of {job.source}, which hold no trajectory:"
+    write_atomic(marker, "\n".join([header, *listing]) + "\n")
+    shown = skipped[:SKIPPED_SHOWN] + (
+        [f"... ({marker} lists them all)"] if len(listing) > SKIPPED_SHOWN else []
+    )
+    return (
+        f"{metrics.invalid_lines} input lines skipped (they hold no trajectory): {'; '.join(shown)}. "
+        f"{job.output} holds the other {metrics.records} records and is marked incomplete ({marker}); "
+        "fix or remove those lines and compress again with --overwrite"
+    )
+
+
+def describe_skipped(source: Path, numbers: list[int]) -> list[str]:
+    """``FILE:LINE: problem`` for each skipped input line (read again: only the numbers are kept)."""
+    wanted = set(numbers)
+    found = []
+    with source.open("rb") as lines:
+        for number, line in enumerate(lines, 1):
+            if number in wanted:
+                found.append(f"{source}:{number}: {_parse(line)[1] or 'changed since it was read'}")
+    return found
 
 
 @contextlib.contextmanager
@@ -143,7 +186,7 @@ def resume_point(output: Path, metrics: Metrics) -> tuple[int, str]:
         for line in handle:
             if not line.endswith(b"\n"):
                 break
-            record = _parse(line)
+            record, _ = _parse(line)
             if record is None:
                 break
             meta = record.get("compression") or {}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PERCENTILES = (10, 50, 90)
+SKIPPED_KEPT = 1000
 
 
 @dataclass
@@ -30,10 +31,24 @@ class Metrics:
     requests: int = 0
     cost: float = 0.0
     invalid_lines: int = 0
+    """Input lines that hold no trajectory (not JSON, not an object, no conversations): skipped,
+    so the output lacks them and is incomplete."""
+    skipped_input_lines: list[int] = field(default_factory=list)
+    """Their line numbers, the first :data:`SKIPPED_KEPT` of them."""
     spent: dict[str, float] | None = None
     """What this invocation's model client paid for (requests, tokens, cost); None without a model."""
     reductions: list[int] = field(default_factory=lambda: [0] * 101)
     """reductions[p]: compressed records whose token count fell by p percent."""
+
+    @property
+    def complete(self) -> bool:
+        """Whether every input line that is not blank has its record in the output."""
+        return not self.invalid_lines
+
+    def skip(self, line: int) -> None:
+        self.invalid_lines += 1
+        if len(self.skipped_input_lines) < SKIPPED_KEPT:
+            self.skipped_input_lines.append(line)
 
     def add(self, meta: dict[str, Any]) -> None:
         """Count one output record by its ``compression`` metadata."""
@@ -66,6 +81,7 @@ class Metrics:
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "reductions"}
+        data["complete"] = self.complete
         data["cost"] = round(self.cost, 6)
         data["reduction_percent"] = {f"p{p}": self.percentile(p) for p in PERCENTILES}
         data["reduction_histogram"] = {str(p): n for p, n in enumerate(self.reductions) if n}

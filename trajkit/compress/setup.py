@@ -17,6 +17,7 @@ from trajkit.compress.engine import (
     CompressError,
     Compression,
     Job,
+    mark_completeness,
     output_lock,
     sidecar,
 )
@@ -112,6 +113,8 @@ class Prepared:
     errors: tuple[type[Exception], ...] = (CompressError, ModelError, RunIOError, OSError)
     """What a compression may end with, for a caller to report (the command, the run's step)."""
     metrics: Metrics = field(default_factory=Metrics)
+    incomplete: str | None = None
+    """After :meth:`run`: why the output lacks records of the input (skipped lines), or None."""
 
     async def run(self) -> Metrics:
         from trajkit.compress.progress import Display, print_table
@@ -140,6 +143,7 @@ class Prepared:
                 if cache is not None:
                     cache.close()
             write_json_atomic(sidecar(output, METRICS_SUFFIX), metrics.to_json())
+            self.incomplete = mark_completeness(self.job, metrics)
         if not self.quiet:
             print_table(metrics, output)
         return metrics

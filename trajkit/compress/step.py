@@ -79,9 +79,12 @@ async def compress_run(config: RunConfig, host: PluginHost) -> Metrics | None:
     except (SetupError, PluginError) as exc:
         raise StepFailed(f"compress: {exc}") from exc
     try:
-        return await prepared.run()
+        metrics = await prepared.run()
     except prepared.errors as exc:
         raise StepFailed(f"compress: {exc}") from exc
+    if prepared.incomplete:
+        raise StepFailed(f"compress: {prepared.incomplete}")
+    return metrics
 
 
 def _flags(config: RunConfig) -> dict[str, Any]:
