@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -302,3 +303,29 @@ def test_hf_export_without_datasets_names_the_package(run_dir: Path, tmp_path: P
     assert result.returncode == 1
     assert "pip install 'datasets>=5'" in result.stderr
     assert not out.exists()
+
+
+def test_push_to_hub_to_a_hub_that_cannot_be_reached_says_so_without_a_traceback(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    out = tmp_path / "dataset"
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "hf_x"}
+    result = trajkit(
+        "export",
+        str(run_dir),
+        "--format",
+        "hf",
+        "--out",
+        str(out),
+        "--push_to_hub",
+        "me/trajectories",
+        env=env,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"the Hub at http://127.0.0.1:{port} could not be reached" in result.stderr
+    assert f"the dataset is in {out}" in result.stderr
+    assert datasets.load_from_disk(str(out)).num_rows > 0

@@ -155,7 +155,18 @@ def push_to_hub(folder: Path, repo: str, commit_message: str) -> str:
         )
     except (HfHubHTTPError, OSError, ValueError) as exc:
         raise HFExportError(f"--push_to_hub {repo}: {exc} (the dataset is in {folder})") from None
+    except Exception as exc:  # the HTTP layer's own errors (a Hub that cannot be reached...)
+        raise HFExportError(
+            f"--push_to_hub {repo}: the Hub at {hub_endpoint()} could not be reached or answered "
+            f"({type(exc).__name__}: {exc}); nothing was pushed, the dataset is in {folder}"
+        ) from None
     return str(info)
+
+
+def hub_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.ENDPOINT)
 
 
 def _replace_dir(new: Path, target: Path) -> None:
