@@ -56,7 +56,8 @@ def test_backend_from_a_missing_package_names_the_package(tmp_path: Path) -> Non
     )  # fmt: skip
     assert result.returncode == 1
     assert (
-        f"{dataset}:1: sandbox backend 'modal' is not installed: pip install trajkit-modal" in result.stderr
+        f"{dataset}:1: sandbox backend 'modal' is not installed: pip install ./trajkit_modal from the root"
+        in result.stderr
     )
     assert len(read_jsonl(tmp_path / "x" / "trajectories.jsonl")) == 1
 
@@ -145,7 +146,12 @@ def test_a_dataset_that_cannot_run_is_refused_with_its_reason(tmp_path: Path) ->
         (tmp_path / "missing.jsonl", (), f"dataset file {tmp_path / 'missing.jsonl'} does not exist"),
         (empty, (), f"dataset file {empty} is empty"),
         (blank, (), f"{blank} holds only blank lines"),
-        (invalid, (), f"no valid rows in {invalid}"),
+        (invalid, (), f"no row of {invalid} has a 'prompt' field (the rows have: text)"),
+        (
+            write_jsonl(tmp_path / "bad.jsonl", ["not json", "[1]"]),
+            (),
+            f"no valid rows in {tmp_path / 'bad.jsonl'}",
+        ),
         (good, ("--max_samples", "0"), "--max_samples 0 selects no rows"),
         (good, ("--resume", "--overwrite"), "--resume continues the run and --overwrite deletes it"),
     ]

@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import install_fake_distribution, read_jsonl, trajkit, write_jsonl
 from trajkit import hookimpl, hookspecs
 from trajkit.filters import Record, TrajectoryFilter
+from trajkit.hookspecs import PackageHint
 from trajkit.manager import DEFAULT_PLUGINS, PluginError, load_plugins
 
 
@@ -119,17 +120,25 @@ def test_duplicate_plugin_names_are_an_error() -> None:
 
 def test_unknown_backend_names_the_package() -> None:
     host = load_plugins(entry_points=False)
-    with pytest.raises(PluginError, match="pip install trajkit-docker"):
+    with pytest.raises(PluginError, match=r"pip install \./trajkit_docker from the root of the trajkit"):
         host.backend("docker")
 
 
 def test_package_hints_come_from_plugins() -> None:
-    hint = plugin_with(
-        trajkit_package_hints=lambda: {"firecracker": "trajkit-firecracker", "docker": "other"}
+    hints = {
+        "firecracker": "trajkit-firecracker",
+        "docker": "other",
+        "slurm": PackageHint("trajkit-slurm", "executor", "pip install ./slurm"),
+    }
+    host = load_plugins(
+        entry_points=False, extra=[("hints", plugin_with(trajkit_package_hints=lambda: hints))]
     )
-    host = load_plugins(entry_points=False, extra=[("hints", hint)])
     with pytest.raises(PluginError, match="pip install trajkit-firecracker"):
         host.backend("firecracker")
+    with pytest.raises(PluginError, match=r"executor 'slurm' is not installed: pip install \./slurm"):
+        host.executor("slurm")
+    with pytest.raises(PluginError, match="unknown sandbox backend 'slurm'"):  # an executor's hint
+        host.backend("slurm")
     with pytest.raises(PluginError, match="pip install other"):  # a later plugin is asked first
         host.backend("docker")
     blocked = load_plugins(entry_points=False, blocked={"trajkit.plugins.package_hints"})

@@ -232,16 +232,17 @@ def _raise_open_file_limit() -> None:
 
 
 def read_prefill(path: Path) -> list[dict[str, Any]]:
+    from trajkit.prefill import check_prefill
+
+    hint = "--prefill_messages_file"
     try:
         messages = json.loads(path.read_text())
     except ValueError as exc:
-        raise click.BadParameter(f"{path}: invalid JSON: {exc}") from None
-    if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and m.get("role") in {"system", "user", "assistant"} and "content" in m
-        for m in messages
-    ):
-        raise click.BadParameter(f"{path}: expected a JSON list of {{role, content}} messages")
-    return messages
+        raise click.BadParameter(f"{path}: invalid JSON: {exc}", param_hint=hint) from None
+    try:
+        return check_prefill(messages)
+    except ValueError as exc:
+        raise click.BadParameter(f"{path}: {exc}", param_hint=hint) from None
 
 
 def print_distributions(host: PluginHost, config: RunConfig, as_json: bool = False) -> None:

@@ -162,6 +162,13 @@ class RunConfig(BaseModel):
     routes: list[Route] = []
     """Rules choosing the backend of rows that name none, tried in order before the defaults."""
 
+    @field_validator("prefill_messages")
+    @classmethod
+    def _prefill(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from trajkit.prefill import check_prefill
+
+        return check_prefill(value)
+
     @field_validator("run_name")
     @classmethod
     def _safe_run_name(cls, value: str) -> str:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from trajkit.config import RunConfig
-from trajkit.settings import OptionError, build_settings, describe_field, value_at
+from trajkit.settings import OptionError, build_settings, describe_field, did_you_mean, value_at
 
 if TYPE_CHECKING:
     from trajkit.manager import PluginHost
@@ -183,12 +183,12 @@ def _validate_sections(
     for name, data in sections.items():
         cls = classes.get(name)
         if cls is None:
-            hint = host.package_hints.get(name)
+            hint = host.hints_for(concern.title).get(name)
             installed = f"installed: {', '.join(sorted(classes)) or 'none'}"
             where = place(f"{concern.section}.{name}.{next(iter(data), '')}".rstrip("."))
             problems.append(
                 f"{where}: no {concern.title} is called {name!r} "
-                + (f"(pip install {hint})" if hint else f"({installed})")
+                + (f"({hint.command})" if hint else f"({installed}){did_you_mean(name, classes)}")
             )
             continue
         try:

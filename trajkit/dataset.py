@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from trajkit.settings import did_you_mean
+
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 """The identity's spelling, made once: it must never change, or finished prompts would run again."""
 
@@ -96,7 +98,7 @@ class RowError:
     def __str__(self) -> str:
         if dataset_kind(self.path) in _LINE_FORMATS:
             return f"{self.path}:{self.line}: {self.message}"
-        return f"{self.path}: row {self.line}: {self.message}"
+        return f"{display_path(self.path)}: row {self.line}: {self.message}"
 
 
 class DatasetError(ValueError):
@@ -111,6 +113,14 @@ _LINE_FORMATS = ("jsonl", "json lines")
 HUB_SCHEME = "hf:/"
 """``hf://OWNER/NAME[:SPLIT]``: a dataset repository of the Hugging Face Hub, read from the local
 cache only (a path keeps one slash of the two)."""
+
+
+def display_path(path: Path) -> str:
+    """The dataset as the user wrote it: ``hf://OWNER/NAME`` (a Path keeps one slash of the two)."""
+    hub = hub_dataset(path)
+    if hub is None:
+        return str(path)
+    return f"hf://{hub[0]}" + (f":{hub[1]}" if hub[1] else "")
 
 
 def hub_dataset(path: Path) -> tuple[str, str | None] | None:
@@ -153,7 +163,9 @@ def check_dataset_file(path: Path | None) -> Path:
     hub = hub_dataset(path)
     if hub is not None:
         if hub[0].count("/") != 1 or not all(hub[0].split("/")):
-            raise DatasetError(f"--dataset_file {path}: expected hf://OWNER/NAME or hf://OWNER/NAME:SPLIT")
+            raise DatasetError(
+                f"--dataset_file {display_path(path)}: expected hf://OWNER/NAME or hf://OWNER/NAME:SPLIT"
+            )
         return path
     if path.is_dir():
         if any((path / name).is_file() for name in HF_DATASET_FILES):
@@ -180,10 +192,12 @@ def read_dataset(path: Path, prompt_field: str = "prompt") -> tuple[list[WorkIte
     items: list[WorkItem] = []
     errors: list[RowError] = []
     seen: dict[str, int] = {}
+    fields = FieldsSeen(prompt_field)
     for number, data in _rows(path):
         if isinstance(data, str):
             errors.append(RowError(path, number, data))
             continue
+        fields.add(data)
         if prompt_field != "prompt":
             if prompt_field not in data:
                 errors.append(
@@ -208,7 +222,38 @@ def read_dataset(path: Path, prompt_field: str = "prompt") -> tuple[list[WorkIte
         occurrence = seen.get(identity, 0)
         seen[identity] = occurrence + 1
         items.append(WorkItem(number - 1, number, row, identity, occurrence))
+    fields.check(path)
     return items, errors
+
+
+class FieldsSeen:
+    """The rows' field names, to tell a prompt field that no row has (a misspelt ``--prompt_field``:
+    one error for the dataset) from one that some rows lack (an error for each of those rows)."""
+
+    KEPT = 50
+
+    def __init__(self, prompt_field: str) -> None:
+        self.prompt_field = prompt_field
+        self.names: set[str] = set()
+        self.rows = 0
+        self.found = False
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows += 1
+        self.found = self.found or self.prompt_field in row
+        if len(self.names) < self.KEPT:
+            self.names.update(str(key) for key in row)
+
+    def check(self, path: Path) -> None:
+        if self.found or not self.rows:
+            return
+        shown = ", ".join(sorted(self.names)[:20]) or "none"
+        where = f"no row of {display_path(path)} has a {self.prompt_field!r} field (the rows have: {shown})"
+        if self.prompt_field == "prompt":
+            raise DatasetError(f"{where}; name the field that holds the prompt with --prompt_field")
+        raise DatasetError(
+            f"--prompt_field {self.prompt_field}: {where}{did_you_mean(self.prompt_field, self.names)}"
+        )
 
 
 def with_samples(items: list[WorkItem], samples: int) -> list[WorkItem]:
@@ -334,13 +379,15 @@ def _hub_rows(path: Path) -> Iterator[Row]:
         directory = snapshot_download(repository, repo_type="dataset", local_files_only=True)
     except LocalEntryNotFoundError:
         raise DatasetError(
-            f"{path}: {repository} is not in the local Hugging Face cache (nothing is downloaded); "
-            f"fetch it once, e.g. huggingface-cli download --repo-type dataset {repository}"
+            f"{display_path(path)}: {repository} is not in the local Hugging Face cache (nothing is "
+            f"downloaded); fetch it once with huggingface_hub's command: hf download --repo-type dataset {repository}"
         ) from None
     try:
         loaded = datasets.load_dataset(directory, split=split)
     except Exception as exc:
-        raise DatasetError(f"{path}: the cached files of {repository} cannot be read: {exc}") from None
+        raise DatasetError(
+            f"{display_path(path)}: the cached files of {repository} cannot be read: {exc}"
+        ) from None
     yield from _split_rows(datasets, loaded, path, lambda name: f"hf://{repository}:{name}")
 
 
@@ -348,7 +395,9 @@ def _datasets(path: Path) -> Any:
     try:
         import datasets
     except ImportError:
-        raise DatasetError(f"reading {path} needs the datasets package: pip install datasets") from None
+        raise DatasetError(
+            f"reading {display_path(path)} needs the datasets package: pip install datasets"
+        ) from None
     datasets.disable_progress_bars()  # the run has its own progress display
     return datasets
 
@@ -359,7 +408,8 @@ def _split_rows(datasets: Any, loaded: Any, path: Path, naming: Callable[[str], 
         splits = sorted(loaded)
         if len(splits) != 1:
             raise DatasetError(
-                f"{path} holds the splits {', '.join(splits)}: name one, e.g. --dataset_file {naming(splits[0])}"
+                f"{display_path(path)} holds the splits {', '.join(splits)}: name one, "
+                f"e.g. --dataset_file {naming(splits[0])}"
             )
         loaded = loaded[splits[0]]
     for number, row in enumerate(loaded, start=1):

@@ -38,6 +38,23 @@ hookimpl = pluggy.HookimplMarker("trajkit")
 
 
 @dataclass(frozen=True)
+class PackageHint:
+    """Where a plugin that is not installed comes from (:func:`trajkit_package_hints`)."""
+
+    package: str
+    """The distribution's name (``trajkit-docker``)."""
+    concern: str = ""
+    """What the plugin is (``sandbox backend``, ``executor``), so a hint is offered only where
+    that kind of plugin is asked for; empty: unknown."""
+    install: str = ""
+    """How to install it, as a user would type it (default: ``pip install PACKAGE``)."""
+
+    @property
+    def command(self) -> str:
+        return self.install or f"pip install {self.package}"
+
+
+@dataclass(frozen=True)
 class RunInfo:
     """What lifecycle hooks learn about the run they observe."""
 
@@ -164,15 +181,16 @@ def trajkit_token_counters() -> Sequence[type[TokenCounter]]:
 
 
 @hookspec
-def trajkit_package_hints() -> dict[str, str]:
+def trajkit_package_hints() -> Mapping[str, str | PackageHint]:
     """Name plugins that live in packages of their own, so a name that is not installed can say
     what to install.
 
     Called when a name (a sandbox backend, ...) is asked for and no installed plugin has it.
 
-    :return: plugin name -> the pip package that provides it. Results are merged; for a name given
-        by several plugins the first answer counts, and plugins registered later (installed
-        packages, after the built-ins) are asked first.
+    :return: plugin name -> the package that provides it: a :class:`PackageHint`, or the name of a
+        package on the package index (``pip install NAME`` installs it). Results are merged; for
+        a name given by several plugins the first answer counts, and plugins registered later
+        (installed packages, after the built-ins) are asked first.
     """
 
 

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pluggy
 
 from trajkit import hookspecs
+from trajkit.hookspecs import PackageHint
+from trajkit.settings import did_you_mean
 
 if TYPE_CHECKING:
     import click
@@ -133,24 +135,26 @@ class PluginHost:
         return self._registry("trajkit_token_counters", "token counter", lambda c: c.name)
 
     @cached_property
-    def package_hints(self) -> dict[str, str]:
-        hints: dict[str, str] = {}
+    def package_hints(self) -> dict[str, PackageHint]:
+        hints: dict[str, PackageHint] = {}
         for answer in self.pm.hook.trajkit_package_hints():
-            for name, package in answer.items():
-                hints.setdefault(name, package)
+            for name, hint in answer.items():
+                hints.setdefault(name, hint if isinstance(hint, PackageHint) else PackageHint(str(hint)))
         return hints
+
+    def hints_for(self, concern: str) -> dict[str, PackageHint]:
+        """The hints of plugins of one concern (and those that do not say theirs)."""
+        return {name: hint for name, hint in self.package_hints.items() if hint.concern in ("", concern)}
 
     def backend(self, name: str) -> type[SandboxBackend]:
         """The backend class called ``name``, or an error that says what to install."""
         if name in self.backends:
             return self.backends[name]
         message = f"unknown sandbox backend {name!r} (installed: {', '.join(sorted(self.backends))})"
-        package = self.package_hints.get(name)
-        if package:
-            message = (
-                f"sandbox backend {name!r} is not installed: pip install {package} "
-                f"(or ./{package.replace('-', '_')} from the source tree)"
-            )
+        hints = self.hints_for("sandbox backend")
+        message += did_you_mean(name, [*self.backends, *hints])
+        if name in hints:
+            message = f"sandbox backend {name!r} is not installed: {hints[name].command}"
         failed = [str(e) for e in self.load_errors if e.name == name]
         raise PluginError("; ".join([message, *failed]))
 
@@ -159,9 +163,10 @@ class PluginHost:
         if name in self.executors:
             return self.executors[name]
         message = f"unknown executor {name!r} (installed: {', '.join(sorted(self.executors)) or 'none'})"
-        package = self.package_hints.get(name)
-        if package:
-            message = f"executor {name!r} is not installed: pip install {package}"
+        hints = self.hints_for("executor")
+        message += did_you_mean(name, [*self.executors, *hints])
+        if name in hints:
+            message = f"executor {name!r} is not installed: {hints[name].command}"
         failed = [str(e) for e in self.load_errors if e.name == name]
         raise PluginError("; ".join([message, *failed]))
 
@@ -174,7 +179,9 @@ class PluginHost:
             raise PluginError(
                 f"several backends take rows with an image ({', '.join(chosen)}): pass --image_backend"
             )
-        hints = [f"{name} (pip install {package})" for name, package in sorted(self.package_hints.items())]
+        hints = [
+            f"{name} ({hint.command})" for name, hint in sorted(self.hints_for("sandbox backend").items())
+        ]
         raise PluginError(
             "rows with an image need a backend that runs images, and none installed is made for it: "
             f"install one of {', '.join(hints) or 'the container backends'}, or pass --image_backend"

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajkit.config import RunConfig
-from trajkit.dataset import RowError, WorkItem, check_dataset_file, read_dataset, with_samples
+from trajkit.dataset import (
+    RowError,
+    WorkItem,
+    check_dataset_file,
+    display_path,
+    read_dataset,
+    with_samples,
+)
 from trajkit.distributions import Distribution
 from trajkit.executor import WorkOrder
 from trajkit.filters import TrajectoryFilter
@@ -109,7 +116,8 @@ def read_work(config: RunConfig, host: PluginHost) -> Work:
     for error in row_errors:
         log.error("%s", error)
     if not items:
-        raise RunError(f"no valid rows in {path}" if row_errors else f"{path} holds only blank lines")
+        shown = display_path(path)
+        raise RunError(f"no valid rows in {shown}" if row_errors else f"{shown} holds only blank lines")
     return Work(items, routes, row_errors)
 
 

@@ -34,7 +34,7 @@ from trajkit.executor import Executor, SessionPlan, WorkOrder
 from trajkit.finalize import merge_run, warn_if_all_rejected
 from trajkit.hookspecs import RunInfo
 from trajkit.ledger import scan
-from trajkit.manager import PluginHost
+from trajkit.manager import PluginError, PluginHost
 from trajkit.permanent import failed_for_good, settings_key
 from trajkit.plan import RunError, Work
 from trajkit.progress import Reporter
@@ -73,6 +73,19 @@ ACCOUNTS_INTERVAL = 5.0
 """Seconds between updates of the invocation's entry in run.json (what it has spent so far)."""
 
 
+def check_backend_names(config: RunConfig, host: PluginHost) -> None:
+    """The backends the configuration names (``--sandbox``, ``--image_backend``, routes) exist."""
+    named = [("--sandbox", config.sandbox), ("--image_backend", config.image_backend)]
+    named += [(f"routes[{i}].backend", route.backend) for i, route in enumerate(config.routes)]
+    for setting, name in named:
+        if name is None:
+            continue
+        try:
+            host.backend(name)
+        except PluginError as exc:
+            raise RunError(f"{setting} {name}: {exc}") from None
+
+
 @dataclass
 class RunOutcome:
     exit_code: int
@@ -98,6 +111,7 @@ class Runner:
         self.writers = plan.writers(config, host)
         self.client_class = host.model_client(config.model)  # an unknown model: an error before any row
         self.executor_class = host.executor(config.executor)
+        check_backend_names(config, host)  # a misspelt --sandbox is one error, not one per row
         self.lock = RunLock(self.run_dir)
         self.manifest: Manifest
         self.interrupted = False

@@ -5,9 +5,10 @@ options and the error messages all come from those models through this module.
 
 from __future__ import annotations
 
+import difflib
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -125,7 +126,8 @@ def _explain(
     if error["type"] == "extra_forbidden":
         owner = _model_at(model, path[:-1])
         known = ", ".join(sorted(owner.model_fields)) if owner else "none"
-        return f"{where(key)}: {plugin} has no setting {key!r} (its settings: {known or 'none'})"
+        guess = did_you_mean(path[-1], owner.model_fields if owner else ())
+        return f"{where(key)}: {plugin} has no setting {key!r} (its settings: {known or 'none'}){guess}"
     if error["type"] == "missing":
         return f"{plugin} needs the setting {key!r} ({describe_field(model, path)})"
     if not path:  # a check across several settings
@@ -198,3 +200,9 @@ def value_at(data: Mapping[str, Any], path: list[str]) -> Any:
     for part in path:
         node = node.get(part) if isinstance(node, dict) else None
     return node
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the choice closest to a misspelt ``name``, else ``""``."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
