@@ -69,6 +69,7 @@ class Tally:
     cost: float = 0.0
     duration_s: float = 0.0
     invalid_tool_calls: int = 0
+    without_tool_calls: int = 0
     backends: Counter[str] = field(default_factory=Counter)
     tools: dict[str, Counter[str]] = field(default_factory=dict)
     scores: PassRates = field(default_factory=lambda: PassRates())
@@ -92,6 +93,7 @@ class Tally:
         self.cost += usage["cost"] or 0.0
         self.duration_s += record["duration_s"]
         self.invalid_tool_calls += record.get("invalid_tool_calls", 0)
+        self.without_tool_calls += not any(t.get("tool_calls") for t in gpt)
         self.backends[record["sandbox"]["backend"]] += 1
         for name, stat in record["tool_stats"].items():
             self.tools.setdefault(name, Counter()).update(stat)
@@ -127,6 +129,7 @@ class Tally:
             "cost": round(self.cost, 6),
             "session_seconds": round(self.duration_s, 3),
             "invalid_tool_calls": self.invalid_tool_calls,
+            "without_tool_calls": self.without_tool_calls,
             "backends": dict(sorted(self.backends.items())),
             "tools": tools,
             "scores": self.scores.as_dict(),

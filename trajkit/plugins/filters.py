@@ -1,5 +1,5 @@
 """The built-in filters: the reference ones on by default (no-reasoning, hallucinated-tool), partial
-(on by default), and passed (opt-in: ``--filter passed``)."""
+(on by default), and passed and no-tool-calls (opt-in: ``--filter passed``, ``--filter no_tool_calls``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from trajkit.settings import StrictSettings
 
 @hookimpl
 def trajkit_filters() -> list[type[TrajectoryFilter]]:
-    return [NoReasoning, HallucinatedTool, Partial, Passed]
+    return [NoReasoning, HallucinatedTool, Partial, Passed, NoToolCalls]
 
 
 class NoReasoning(TrajectoryFilter):
@@ -48,6 +48,27 @@ class HallucinatedTool(TrajectoryFilter):
         if unknown:
             return f"called tools not offered: {', '.join(unknown)}"
         return None
+
+
+def tool_calls_made(record: Record) -> int:
+    """How many tool calls the assistant turns of a trajectory make (offered tools or not)."""
+    return sum(len(t.get("tool_calls") or ()) for t in record["conversations"] if t["from"] == "gpt")
+
+
+class NoToolCalls(TrajectoryFilter):
+    """Rejects a trajectory in which the model never calls a tool: for tool-calling data it shows
+    nothing to learn, whatever its answer. Off by default; the statistics count such trajectories
+    (``without_tool_calls``) whether or not it is on."""
+
+    name = "no_tool_calls"
+    description = "the model never called a tool"
+    enabled_by_default = False
+
+    def check(self, record: Record) -> str | None:
+        if tool_calls_made(record):
+            return None
+        turns = sum(1 for t in record["conversations"] if t["from"] == "gpt")
+        return f"none of {turns} assistant turns calls a tool"
 
 
 class Partial(TrajectoryFilter):

@@ -123,6 +123,7 @@ def summary_rows(run: RunFiles) -> list[tuple[str, str]]:
         ("spent (every request, every invocation)", money((s.get("spent") or {}).get("cost"))),
         ("model requests sent", number((s.get("spent") or {}).get("requests"))),
         ("invalid tool calls", number(s.get("invalid_tool_calls"))),
+        ("trajectories without a tool call", number(s.get("without_tool_calls"))),
     ]
     scores = s.get("scores") or {}
     if scores.get("scored"):
