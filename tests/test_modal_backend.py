@@ -410,9 +410,30 @@ def test_timeout_is_exit_code_124_and_the_sandbox_stays_usable(fake: FakeModal) 
         result = await sandbox.exec("echo before; sleep 30", timeout=1)
         assert (result.timed_out, result.exit_code, result.stdout) == (True, 124, "before\n")
         assert (await sandbox.exec("exit 7", timeout=30)).exit_code == 7
-        # The timed-out command's bookkeeping is gone; only the listing's own file remains.
-        listing = await sandbox.exec("ls -a /tmp | grep -c '^.trajkit-exec-' || true", timeout=30)
+        # The timed-out command's bookkeeping is gone; only the listing's own file remains, in
+        # the sandbox's own temporary directory (never the host's /tmp, shared with other tests).
+        listing = await sandbox.exec("ls -a \"$TMPDIR\" | grep -c '^.trajkit-exec-' || true", timeout=30)
         assert listing.stdout == "1\n"
+        where = await sandbox.exec('echo "$TMPDIR"; mktemp', timeout=30)
+        assert all(line.startswith(str(fake.cloud.root) + "/") for line in where.stdout.splitlines())
+        await sandbox.close()
+
+    asyncio.run(body())
+
+
+def test_a_timed_out_command_with_its_own_tmpdir_is_killed_too(fake: FakeModal, tmp_path: Path) -> None:
+    """The group's file follows the command's TMPDIR, and the kill looks for it there."""
+    own = tmp_path / "own-tmp"
+    own.mkdir()
+
+    async def body() -> None:
+        sandbox = await ModalBackend({}, sdk=fake).create(spec())
+        command = f"echo $$ > {own}/pid; exec sleep 60"
+        result = await sandbox.exec(command, timeout=1, env={"TMPDIR": str(own)})
+        assert result.timed_out
+        status = Path(f"/proc/{(own / 'pid').read_text().strip()}/status")
+        assert not status.exists() or "\nState:\tZ" in status.read_text(), "the command outlived its exec"
+        assert not [p for p in own.iterdir() if p.name.startswith(".trajkit-exec-")]
         await sandbox.close()
 
     asyncio.run(body())

@@ -139,6 +139,10 @@ class SandboxState:
         self.terminated = False
         self.root = cloud.root / self.sandbox_id
         self.root.mkdir()
+        self.tmp = self.root / "tmp"
+        """The sandbox's own temporary directory (its ``TMPDIR``): commands run on the host, and
+        the host's /tmp is shared with everything else on it."""
+        self.tmp.mkdir()
         self.processes: list[tuple[asyncio.AbstractEventLoop, asyncio.subprocess.Process]] = []
         self.open_fds: set[int] = set()
         if workdir is not None:

@@ -229,10 +229,12 @@ class Sandbox:
         return ContainerProcess(state, process, stdin_writer, out_reader, err_reader, deadline)
 
     def _environment(self, extra: dict[str, str | None] | None) -> dict[str, str]:
-        """A container's environment: nothing of the host's but PATH, plus the sandbox's and the exec's."""
+        """A container's environment: nothing of the host's but PATH, a temporary directory of its
+        own (a container's /tmp is its own), plus the sandbox's and the exec's."""
         base: dict[str, str | None] = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "LANG": "C.UTF-8",
+            "TMPDIR": str(self._state.tmp),
             **self._state.env,
             **(extra or {}),
         }

@@ -89,7 +89,7 @@ RUN_IN_GROUP = (
     + """\
 c=$1
 if [ "$3" = stdin ]; then c=$(cat; echo x); c=${c%x}; fi
-f=/tmp/.trajkit-exec-$2
+f=${TMPDIR:-/tmp}/.trajkit-exec-$2
 sweep_marker=$2
 export TRAJKIT_EXEC_ID="$2"
 if command -v setsid >/dev/null 2>&1; then setsid /bin/sh -c "$c" & else /bin/sh -c "$c" & fi
@@ -110,7 +110,7 @@ INLINE_COMMAND_LIMIT = 32 * 1024
 
 # Sent as a second exec after a timeout: Modal has stopped waiting, but the processes may live on.
 KILL_GROUP = """\
-f=/tmp/.trajkit-exec-$1
+f=${TMPDIR:-/tmp}/.trajkit-exec-$1
 if [ -r "$f" ]; then
   read -r w p <"$f"
   kill -9 -"$p" "$w" 2>/dev/null
@@ -190,7 +190,7 @@ class ModalSandbox(Sandbox):
         exit_code = await self._collect(process, stdout, stderr, timeout + EXEC_GRACE)
         timed_out = exit_code == MODAL_EXEC_TIMED_OUT
         if timed_out:
-            await self._kill(exec_id)
+            await self._kill(exec_id, env)
         return ExecResult(
             exit_code=124 if timed_out else exit_code,
             stdout=stdout.text(),
@@ -227,15 +227,24 @@ class ModalSandbox(Sandbox):
             raise self.backend._sandbox_error(exc, "reading a command's output", STREAM_GRACE) from exc
         return exit_code
 
-    async def _kill(self, exec_id: str) -> None:
-        """Kill a timed-out command's process group from a second exec.
+    async def _kill(self, exec_id: str, env: Mapping[str, str] | None = None) -> None:
+        """Kill a timed-out command's process group from a second exec, in the command's own
+        environment (its ``TMPDIR`` says where the group's file is).
 
         Modal only stops waiting when an exec times out; it does not promise to kill what the
         command started, and the contract says nothing may outlive the call.
         """
         seconds = self.backend.settings.call_timeout
         try:
-            start = self.handle.exec.aio("/bin/sh", "-c", KILL_GROUP, "trajkit-kill", exec_id, timeout=30)
+            start = self.handle.exec.aio(
+                "/bin/sh",
+                "-c",
+                KILL_GROUP,
+                "trajkit-kill",
+                exec_id,
+                timeout=30,
+                env=dict(env) if env else None,
+            )
             process = await asyncio.wait_for(start, seconds)
             await asyncio.wait_for(process.wait.aio(), seconds)
         except Exception as exc:

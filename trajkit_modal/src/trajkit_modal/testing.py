@@ -8,8 +8,9 @@ real ``modal.exception`` classes. Only the ``.aio`` forms work; calling a blocki
 How it imitates Modal:
 
 - each sandbox is a temporary directory ("its root"); commands run as real local processes
-  (``Sandbox.exec``) with the working directory mapped into that root, a clean environment and
-  stdin as a pipe (``ContainerProcess.stdin``);
+  (``Sandbox.exec``) with the working directory mapped into that root, a clean environment whose
+  ``TMPDIR`` is the root's ``tmp`` (a container's /tmp is its own; the host's is shared with
+  everything else on the machine) and stdin as a pipe (``ContainerProcess.stdin``);
 - paths given to the SDK (``workdir``, ``sb.filesystem``) are mapped into the root; since commands
   see the host's file system, the root's own host path names the same files (``pwd`` prints it);
 - ``sb.filesystem`` resolves symlinks inside the root as a container would, and treats FIFOs and
