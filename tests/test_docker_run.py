@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -52,13 +53,15 @@ def docker_client() -> Any:
 # machine, and containers are found by run name.
 MIXED = f"mixed-{uuid.uuid4().hex[:8]}"
 ORPHANS = f"orphans-{uuid.uuid4().hex[:8]}"
+CHURN = f"churn-{uuid.uuid4().hex[:8]}"
 
 
-def containers_of(client: Any, run_name: str) -> list[Any]:
+def containers_of(client: Any, run_name: str) -> list[str]:
+    """The ids of this run's containers, from one listing: another test's container that vanishes
+    meanwhile is no concern of ours (inspecting each listed container would fail on it)."""
+    listed = client.api.containers(all=True, filters={"label": "trajkit=1"})
     return [
-        c
-        for c in client.containers.list(all=True, filters={"label": "trajkit=1"})
-        if c.labels.get("trajkit.run", "").startswith(f"{run_name}-")
+        c["Id"] for c in listed if (c.get("Labels") or {}).get("trajkit.run", "").startswith(f"{run_name}-")
     ]
 
 
@@ -68,6 +71,31 @@ def run_args(dataset: Path, out: Path, base_url: str, run_name: str, *extra: str
         "--model", "m", "--base_url", base_url, "--distribution", "terminal_only", "--num_workers", "8",
         "--sandbox_option", "docker.pull=never", "--quiet", *extra,
     ]  # fmt: skip
+
+
+def test_listing_a_run_s_containers_survives_others_vanishing(docker_client: Any) -> None:
+    """The engine is shared: other tests' containers come and go while ours are listed."""
+    stop = threading.Event()
+    churned: list[str] = []
+
+    def churn() -> None:  # containers of a run of this test's own, made and removed at once
+        while not stop.is_set():
+            box = docker_client.containers.create(
+                BUSYBOX, "true", labels={"trajkit": "1", "trajkit.run": f"{CHURN}-0"}
+            )
+            churned.append(box.id)
+            box.remove(force=True)
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline and thread.is_alive():
+            assert containers_of(docker_client, MIXED) == []
+    finally:
+        stop.set()
+        thread.join()
+    assert len(churned) >= 2 and containers_of(docker_client, CHURN) == []
 
 
 def test_mixed_local_and_docker_rows_with_one_bad_image(tmp_path: Path, docker_client: Any) -> None:
@@ -116,13 +144,13 @@ def test_the_reaper_removes_containers_of_a_killed_run(tmp_path: Path, docker_cl
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and len(containers_of(docker_client, ORPHANS)) < 6:
                 time.sleep(0.2)
-            orphans = {c.id for c in containers_of(docker_client, ORPHANS)}
+            orphans = set(containers_of(docker_client, ORPHANS))
             assert len(orphans) == 6, "containers should be alive while sessions are in flight"
         finally:
             os.kill(process.pid, signal.SIGKILL)  # also when the wait failed: leave no run behind
             process.wait()
         time.sleep(0.5)
-        assert {c.id for c in containers_of(docker_client, ORPHANS)} == orphans, "SIGKILL leaves them"
+        assert set(containers_of(docker_client, ORPHANS)) == orphans, "SIGKILL leaves them"
 
         delay["seconds"] = 0.0
         resumed = trajkit(*run_args(dataset, tmp_path, server.base_url, ORPHANS, "--resume"))
