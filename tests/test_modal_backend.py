@@ -439,6 +439,25 @@ def test_a_timed_out_command_with_its_own_tmpdir_is_killed_too(fake: FakeModal, 
     asyncio.run(body())
 
 
+def test_closing_one_cloud_s_sandbox_leaves_another_cloud_s_alone(tmp_path: Path) -> None:
+    """Fakes in other tests (in this process or another on the machine) are clouds of their own:
+    a sandbox's processes are found by a marker no other cloud's sandbox carries."""
+    clouds = [FakeModal(tmp_path / "a"), FakeModal(tmp_path / "b")]
+
+    async def body() -> None:
+        ours, theirs = [await ModalBackend({}, sdk=cloud).create(spec()) for cloud in clouds]
+        running = asyncio.ensure_future(theirs.exec("sleep 2; echo survived", timeout=30))
+        await asyncio.sleep(0.5)
+        await ours.close()
+        result = await running
+        assert (result.exit_code, result.stdout) == (0, "survived\n")
+        await theirs.close()
+        for cloud in clouds:
+            await cloud.aclose()
+
+    asyncio.run(body())
+
+
 def test_long_commands_travel_through_stdin(fake: FakeModal) -> None:
     payload = "x" * (2 * INLINE_COMMAND_LIMIT)
 

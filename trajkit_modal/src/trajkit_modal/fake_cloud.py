@@ -17,6 +17,7 @@ import signal
 import tempfile
 import time
 import types
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -77,9 +78,12 @@ class FakeCloud:
         """Raised, in order, by the next ``Sandbox.create`` calls."""
         self.kill_on_exec_timeout = False
         self._ids = itertools.count(1)
+        self._token = uuid.uuid4().hex[:8]
+        """In every id of this cloud: a sandbox's processes are found (and killed) by an environment
+        marker holding its id, across the whole host, where other clouds' sandboxes run too."""
 
     def new_id(self, prefix: str) -> str:
-        return f"{prefix}-fake{next(self._ids):06d}"
+        return f"{prefix}-fake{self._token}{next(self._ids):06d}"
 
     def live(self, app_id: str | None = None, tags: dict[str, str] | None = None) -> list[SandboxState]:
         """Sandboxes still running, in an app and carrying at least ``tags``, like ``Sandbox.list``."""
