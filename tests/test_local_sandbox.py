@@ -293,3 +293,21 @@ def test_the_sandbox_root_is_private_to_its_user(tmp_path: Path) -> None:
     if os.getuid() == 0:
         with pytest.raises(SandboxError, match="not a directory of this user's"):
             in_sandbox(foreign, body)
+
+
+def test_a_sandbox_being_made_by_another_run_is_not_reaped(tmp_path: Path) -> None:
+    """Another run's reaper may list the root between a sandbox's directory and its owner file (or
+    while that file is being written): it is not abandoned, unless it has stayed so for long."""
+    backend = LocalBackend({"root": str(tmp_path), "isolation": "none"})
+    making = tmp_path / "other-run-123-456.abcd1234"
+    making.mkdir()
+    writing = tmp_path / "other-run-123-456.efgh5678"
+    writing.mkdir()
+    (writing / "owner.json").write_bytes(b'{"owner": "this-ho')
+    assert asyncio.run(backend.reap()) == 0
+    assert making.is_dir() and writing.is_dir()
+    long_ago = time.time() - 3600
+    for base in (making, writing):
+        os.utime(base, (long_ago, long_ago))
+    assert asyncio.run(backend.reap()) == 2
+    assert not making.exists() and not writing.exists()

@@ -57,6 +57,8 @@ CGROUP_PREFIX = "trajkit-"
 """A backend's sandbox cgroups live in a directory named CGROUP_PREFIX + its process's pid + a token
 of its own: several backends of one process (a library user's, a test's) never share one."""
 OWNER_FILE = "owner.json"
+OWNER_GRACE = 600.0
+"""Seconds a sandbox directory without a readable owner file is left alone by the reaper."""
 MARKER = "TRAJKIT_SANDBOX"
 """Set in every unconfined command's environment, so its processes can be found and killed."""
 INLINE_IO = 256 * 1024
@@ -201,11 +203,19 @@ def _private_root(root: str) -> None:
 
 
 def _abandoned(owner_file: Path) -> bool:
-    """True if the sandbox's owner process is gone or its lifetime is over."""
+    """True if the sandbox's owner process is gone or its lifetime is over.
+
+    A sandbox whose owner file cannot be read yet is one that another process is making this
+    moment (between its directory and the file, or mid-write): abandoned only once it has stayed
+    so for :data:`OWNER_GRACE` seconds, as a crash at that moment leaves it.
+    """
     try:
         owner = json.loads(owner_file.read_text())
     except (OSError, ValueError):
-        return True
+        try:
+            return time.time() - owner_file.parent.stat().st_mtime > OWNER_GRACE
+        except OSError:
+            return False  # gone already
     if time.time() > owner.get("deadline", 0):
         return True
     return owner_gone(str(owner.get("owner", "")))
