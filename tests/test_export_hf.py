@@ -314,16 +314,8 @@ def test_push_to_hub_to_a_hub_that_cannot_be_reached_says_so_without_a_traceback
     out = tmp_path / "dataset"
     env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "hf_x"}
     result = trajkit(
-        "export",
-        str(run_dir),
-        "--format",
-        "hf",
-        "--out",
-        str(out),
-        "--push_to_hub",
-        "me/trajectories",
-        env=env,
-    )
+        "export", str(run_dir), "--format", "hf", "--out", str(out), "--push_to_hub", "me/trajectories", env=env
+    )  # fmt: skip
     assert result.returncode == 1
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
     assert f"the Hub at http://127.0.0.1:{port} could not be reached" in result.stderr
