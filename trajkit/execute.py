@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trajkit.agent import ConversationResult, Session, run_conversation
 from trajkit.distributions import rng_for
@@ -24,9 +25,12 @@ from trajkit.ratelimit import session_deadline
 from trajkit.records import record_json
 from trajkit.retry import backoff_delay
 from trajkit.rundir import tool_schemas_key
-from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxError, SandboxSpec
-from trajkit.scorers import ScoreContext, score_session
+from trajkit.sandbox import ImageUnavailable, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from trajkit.scorers import ScoreContext, Scorer, score_session
 from trajkit.tools import Tool, ToolRun, ToolSession, close_session, open_toolsets
+
+if TYPE_CHECKING:
+    from trajkit.config import RunConfig
 
 log = logging.getLogger("trajkit")
 
@@ -232,25 +236,49 @@ class Sessions:
         sandbox = await self.backends[order.backend].create(spec)
         tool_session = ToolSession(self.tool_run)
         try:
-            session = Session(
-                client=self.client,
-                sandbox=sandbox,
-                tools=tools,
-                known_tools=frozenset(self.plan.run_tools),
-                system_prompt=config.system_prompt,
-                ephemeral_system_prompt=config.ephemeral_system_prompt,
-                prefill_messages=config.prefill_messages,
-                max_turns=config.max_turns,
-                tool_timeout=config.tool_timeout,
-                tool_output_cap=config.tool_output_cap,
-                tool_session=tool_session,
-            )
+            session = build_session(config, self.client, sandbox, tools, self.plan.run_tools, tool_session)
             result = await run_conversation(session, item.row.prompt)
-            if not self.scorers:
-                return result, None
             row = {"prompt": item.row.prompt, "image": item.row.image, "cwd": item.row.cwd}
             row |= {"backend": item.row.backend, **item.row.extra_fields}
-            context = ScoreContext(row, result.final_response, result.messages, sandbox, config.check_timeout)
-            return result, await score_session(self.scorers, context)
+            return result, await score_result(self.scorers, row, result, sandbox, config)
         finally:
             await asyncio.shield(close_session(tool_session, sandbox))
+
+
+def build_session(
+    config: RunConfig,
+    client: ModelClient,
+    sandbox: Sandbox,
+    tools: Mapping[str, Tool],
+    known_tools: Iterable[str],
+    tool_session: ToolSession,
+) -> Session:
+    """One conversation's :class:`Session` with the run's settings (prompts, turns, tool limits)."""
+    return Session(
+        client=client,
+        sandbox=sandbox,
+        tools=tools,
+        known_tools=frozenset(known_tools),
+        system_prompt=config.system_prompt,
+        ephemeral_system_prompt=config.ephemeral_system_prompt,
+        prefill_messages=config.prefill_messages,
+        max_turns=config.max_turns,
+        tool_timeout=config.tool_timeout,
+        tool_output_cap=config.tool_output_cap,
+        tool_session=tool_session,
+    )
+
+
+async def score_result(
+    scorers: Sequence[Scorer],
+    row: Mapping[str, Any],
+    result: ConversationResult,
+    sandbox: Sandbox,
+    config: RunConfig,
+) -> dict[str, Any] | None:
+    """The record's ``score`` of a finished conversation, its sandbox still open (None when no
+    scorer applies to the row)."""
+    if not scorers:
+        return None
+    context = ScoreContext(row, result.final_response, result.messages, sandbox, config.check_timeout)
+    return await score_session(scorers, context)
