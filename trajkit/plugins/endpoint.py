@@ -22,6 +22,7 @@ from urllib.parse import urljoin, urlsplit
 import orjson
 
 from trajkit import __version__
+from trajkit.fetch import public
 from trajkit.model import ModelEndpointError, ModelNotFound
 
 if TYPE_CHECKING:
@@ -33,12 +34,6 @@ CHECK_TIMEOUT = 20.0
 """Seconds the check's request may take: an endpoint that cannot answer a model list in that
 time will not answer the run either."""
 CONNECT_TIMEOUT = 30.0
-
-
-def public(url: str) -> str:
-    """``url`` without user, password, query or fragment: safe for logs and messages."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
 def host_of(url: str) -> str:
