@@ -20,9 +20,10 @@ def test_chat_uses_only_the_enabled_toolsets() -> None:
 
 def test_disabled_toolsets_and_unknown_names() -> None:
     agent = Agent(disabled_toolsets=["terminal", "code"])
-    assert sorted(agent.tools) == ["patch", "read_file", "search_files", "write_file"]
-    with pytest.raises(ValueError, match="no installed plugin provides toolset 'web'"):
-        Agent(enabled_toolsets=["web"])
+    # web (no search provider) and image_gen (no endpoint) cannot be offered as configured
+    assert sorted(agent.tools) == ["patch", "read_file", "search_files", "vision_analyze", "write_file"]
+    with pytest.raises(ValueError, match="no installed plugin provides toolset 'browser'"):
+        Agent(enabled_toolsets=["browser"])
     with pytest.raises(ValueError, match=r"toolset 'fiel' \(did you mean file\?\)"):
         Agent(disabled_toolsets=["fiel"])
     assert sorted(Agent(enabled_toolsets=["file", "code"], disabled_toolsets=["code"]).tools) == sorted(
@@ -33,9 +34,16 @@ def test_disabled_toolsets_and_unknown_names() -> None:
 def test_a_distribution_is_drawn_per_conversation_over_what_can_be_offered() -> None:
     """The library takes the run's distribution setting like any other; toolsets another package
     provides are left out of its draw as in a run."""
-    agent = Agent(distribution="development")
-    assert sorted(toolset.name for toolset in agent.toolsets) == ["file", "terminal"]
-    assert agent.offer.left_out.keys() == {"web", "vision"}
+    with pytest.raises(ValueError, match="no search provider is set: pass --web.search_provider NAME"):
+        Agent(distribution="development")  # it draws web, which cannot run without a provider
+    searching = {"toolset_options": {"web": {"search_provider": "searxng"}}}
+    agent = Agent(
+        distribution="development", search_options={"searxng": {"url": "http://localhost:8888"}}, **searching
+    )
+    assert sorted(toolset.name for toolset in agent.toolsets) == ["file", "terminal", "vision", "web"]
+    assert not agent.offer.left_out
+    mixed = Agent(distribution="mixed_tasks", **searching)
+    assert mixed.offer.left_out.keys() == {"browser", "image_gen"}  # not installed; no images endpoint
     with pytest.raises(ValueError, match="pass one of them"):
         Agent(distribution="development", enabled_toolsets=["file"])
 

@@ -152,6 +152,8 @@ class RunConfig(BaseModel):
     """Executor name -> its settings."""
     toolset_options: dict[str, Any] = {}
     """Toolset name -> its settings."""
+    search_options: dict[str, Any] = {}
+    """Web search provider name -> its settings."""
 
     compress: CompressStep = CompressStep()
     """The compression step after every merge (off until compress.max_tokens is set)."""
@@ -189,6 +191,7 @@ class RunConfig(BaseModel):
             self.writer_options,
             self.executor_options,
             self.toolset_options,
+            self.search_options,
         ):
             found = section.get(getattr(plugin, "name", ""))
             if isinstance(found, plugin.Settings):

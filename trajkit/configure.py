@@ -6,9 +6,9 @@ declares the rest in its ``Settings`` model, reached through one *concern* per r
 
 - model clients' settings are top-level keys and flags of their own name (``max_retries``,
   ``--max_retries``): a run uses one client, and the reference runner's flags keep working;
-- sandbox backends', filters', writers', executors' and toolsets' settings live in a section per plugin
-  (``[sandbox_options.docker]``, ``--docker.network``, ``--sandbox_option docker.network=host``),
-  since a run uses several of each.
+- sandbox backends', filters', writers', executors', toolsets' and search providers' settings live
+  in a section per plugin (``[sandbox_options.docker]``, ``--docker.network``,
+  ``--sandbox_option docker.network=host``), since a run uses several of each.
 
 Each value is validated by its plugin's model, and an error names where the value came from (the
 flag, or the file and key), the plugin, the key and what it expects.
@@ -57,6 +57,7 @@ CONCERNS = (
     Concern("writer", "writers", "writer_options"),
     Concern("executor", "executors", "executor_options"),
     Concern("toolset", "toolsets", "toolset_options"),
+    Concern("search provider", "search_providers", "search_options"),
 )
 
 

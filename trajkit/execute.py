@@ -77,7 +77,7 @@ class Sessions:
         self.client = self.host.model_client(self.config.model).from_config(self.config)
         await self.client.check()  # a wrong URL, key or model stops the run here, before any sandbox
         drawn = [self.host.toolsets[name] for name in self.plan.distribution.drawn()]
-        self.tool_run = await open_toolsets(drawn, self.config)
+        self.tool_run = await open_toolsets(drawn, self.config, self.host)
         for name in self.plan.backends:
             backend = self.host.backend(name)(self.config.sandbox_options.get(name))
             self.backends[name] = backend

@@ -5,7 +5,7 @@ same hooks. A plugin module implements any subset of them with ``@trajkit.hookim
 that is not listed here is an error when the plugin manager is built.
 
 Registration hooks (``trajkit_model_clients`` ... ``trajkit_writers``, ``trajkit_scorers``, ``trajkit_executors``,
-``trajkit_compressors``, ``trajkit_token_counters``) are called once when the run or command builds its registry. Every
+``trajkit_compressors``, ``trajkit_token_counters``, ``trajkit_search_providers``) are called once when the run or command builds its registry. Every
 implementation's result is collected; two plugins registering the same ``name`` within one concern
 is an error that names both sources.
 """
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from trajkit.model import ModelClient
     from trajkit.sandbox import SandboxBackend
     from trajkit.scorers import Scorer
+    from trajkit.search import SearchProvider
     from trajkit.tools import Toolset
     from trajkit.writers import OutputWriter
 
@@ -177,6 +178,21 @@ def trajkit_token_counters() -> Sequence[type[TokenCounter]]:
         and a pydantic ``Settings`` model; ``--tokenizer NAME`` selects one by name, and any other
         value is passed as the ``source`` setting of the counter that sets ``accepts_source``.
         All implementations' results are collected; duplicate names are an error naming both.
+    """
+
+
+@hookspec
+def trajkit_search_providers() -> Sequence[type[SearchProvider]]:
+    """Register web search providers (what the ``web`` toolset's ``web_search`` asks).
+
+    Called once, when a command first needs the registry: building the flags of ``trajkit run``
+    (each provider's ``Settings`` become ``--NAME.KEY`` and ``[search_options.NAME]``), and when
+    the ``web`` toolset starts for a run, in each process where its sessions run.
+
+    :return: :class:`trajkit.search.SearchProvider` subclasses, each with a unique ``name``, its
+        settings as a pydantic model in ``Settings`` and the environment variable of its key in
+        ``key_variable``; ``--web.search_provider NAME`` selects one. All implementations' results
+        are collected; two providers of the same name are an error naming both plugins.
     """
 
 

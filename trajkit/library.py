@@ -89,7 +89,7 @@ class Agent:
         backend = self.host.backend(self.config.sandbox)(self.config.sandbox_options.get(self.config.sandbox))
         tool_run = ToolRun(self.config)
         try:
-            tool_run = await open_toolsets(self.toolsets, self.config)
+            tool_run = await open_toolsets(self.toolsets, self.config, self.host)
             if self.image:
                 await backend.verify_image(self.image)
             spec = SandboxSpec(run_id=f"agent-{uuid.uuid4().hex[:8]}", work_id="0", image=self.image)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from trajkit.model import ModelClient
     from trajkit.sandbox import SandboxBackend
     from trajkit.scorers import Scorer
+    from trajkit.search import SearchProvider
     from trajkit.tools import Tool, Toolset
     from trajkit.writers import OutputWriter
 
@@ -44,6 +45,10 @@ DEFAULT_PLUGINS = (
     "trajkit.plugins.local_sandbox",
     "trajkit.plugins.toolsets",
     "trajkit.plugins.file_tools",
+    "trajkit.plugins.web",
+    "trajkit.plugins.search_providers",
+    "trajkit.plugins.vision",
+    "trajkit.plugins.image_gen",
     "trajkit.plugins.distributions",
     "trajkit.plugins.filters",
     "trajkit.plugins.scorers",
@@ -133,6 +138,10 @@ class PluginHost:
     @cached_property
     def token_counters(self) -> dict[str, type[TokenCounter]]:
         return self._registry("trajkit_token_counters", "token counter", lambda c: c.name)
+
+    @cached_property
+    def search_providers(self) -> dict[str, type[SearchProvider]]:
+        return self._registry("trajkit_search_providers", "search provider", lambda c: c.name)
 
     @cached_property
     def package_hints(self) -> dict[str, PackageHint]:
@@ -273,6 +282,7 @@ _REGISTRATION_HOOKS = (
     "trajkit_executors",
     "trajkit_compressors",
     "trajkit_token_counters",
+    "trajkit_search_providers",
 )
 
 

@@ -21,6 +21,7 @@ from trajkit.settings import StrictSettings
 
 if TYPE_CHECKING:
     from trajkit.config import RunConfig
+    from trajkit.manager import PluginHost
 
 log = logging.getLogger("trajkit")
 
@@ -52,6 +53,9 @@ class ToolRun:
     """Toolset name -> its settings in this run."""
     resources: dict[str, Any] = field(default_factory=dict)
     """Toolset name -> what :meth:`Toolset.start` opened for its tools (clients, caches, pools)."""
+    plugins: PluginHost | None = None
+    """The plugins installed where the run's sessions run, for toolsets that use other plugins
+    (the ``web`` toolset's search providers, ``vision``'s model client)."""
     _exits: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack, repr=False)
 
     def settings_of(self, toolset: Toolset) -> Any:
@@ -151,9 +155,15 @@ class Toolset:
         """
 
 
-async def open_toolsets(toolsets: Iterable[Toolset], config: RunConfig) -> ToolRun:
-    """Start ``toolsets`` for a run with ``config``'s settings; the caller closes the result."""
-    run = ToolRun(config, {toolset.name: config.settings_of(toolset) for toolset in toolsets})
+async def open_toolsets(
+    toolsets: Iterable[Toolset], config: RunConfig, plugins: PluginHost | None = None
+) -> ToolRun:
+    """Start ``toolsets`` for a run with ``config``'s settings and the installed ``plugins``; the
+    caller closes the result."""
+    toolsets = list(toolsets)
+    run = ToolRun(
+        config, {toolset.name: config.settings_of(toolset) for toolset in toolsets}, plugins=plugins
+    )
     try:
         for toolset in toolsets:
             await toolset.start(run)

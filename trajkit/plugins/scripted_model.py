@@ -1,14 +1,21 @@
 """``--model scripted``: an offline, deterministic model for dry runs and tests.
 
 It behaves like a careful agent with whatever tools it is offered: it writes a file, runs a
-command, reads the result back, then answers, reasoning at every step. No network, no key.
-The same policy serves the project's HTTP test server, so offline and online runs share it.
+command, reads the result back, searches the web and reads a page it found (or one the prompt
+names), generates an image and looks at it (or at an image the prompt names), then answers,
+reasoning at every step. Asked about an image itself (as ``vision_analyze`` asks its model), it
+describes the image's format and size. It needs no network and no key, though the web tools it
+calls reach theirs. The same policy serves the project's HTTP test server, so offline and online
+runs share it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trajkit import hookimpl
@@ -50,8 +57,20 @@ def split_task(messages: list[Message]) -> tuple[str, list[Message]]:
     return "", messages
 
 
-def _plan(task: str, tools: set[str]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(reasoning, tool, arguments) for each step the policy takes with these tools."""
+URL = re.compile(r"https?://[^\s\"'<>()\[\]]+")
+IMAGE = re.compile(r"(?:https?://[^\s\"'<>()]+|[\w./-]+)\.(?:png|jpe?g|gif|webp)\b", re.IGNORECASE)
+
+Step = tuple[str, str, dict[str, Any]]
+
+
+def _plan(task: str, tools: set[str], since: Sequence[Message] = ()) -> list[Step]:
+    """(reasoning, tool, arguments) for each step the policy takes with these tools; a step that
+    needs an earlier step's result comes after it, and is left out when that result lacks what
+    it needs (so the steps already taken never move)."""
+    return _local_steps(task, tools) + _web_steps(task, tools, _results(since))
+
+
+def _local_steps(task: str, tools: set[str]) -> list[Step]:
     note = f"Task: {task[:200]}\n"
     steps: list[tuple[str, str, dict[str, Any]]] = []
     if "write_file" in tools:
@@ -88,7 +107,10 @@ def scripted_reply(messages: list[Message], tool_names: list[str]) -> dict[str, 
     """The next assistant message, in OpenAI wire format, given the conversation so far."""
     task, since = split_task(messages)
     done = sum(1 for m in since if m.get("role") == "assistant")
-    steps = _plan(task, set(tool_names))
+    images = _image_parts(messages)
+    if images is not None:
+        return {"role": "assistant", "content": _describe(images), "reasoning": "I looked at the image."}
+    steps = _plan(task, set(tool_names), since)
     if done < len(steps):
         reasoning, tool, arguments = steps[done]
         call = {
@@ -104,3 +126,94 @@ def scripted_reply(messages: list[Message], tool_names: list[str]) -> dict[str, 
         "content": f"{summary} The notes file records: {task[:80]}",
         "reasoning": "Every step succeeded, so I can give the final answer.",
     }
+
+
+def _results(since: Sequence[Message]) -> dict[str, list[str]]:
+    """Tool name -> the results of its calls so far, in order."""
+    names = {
+        call.get("id"): call.get("function", {}).get("name")
+        for message in since
+        if message.get("role") == "assistant"
+        for call in message.get("tool_calls") or ()
+        if isinstance(call, dict)
+    }
+    found: dict[str, list[str]] = {}
+    for message in since:
+        if message.get("role") == "tool":
+            found.setdefault(str(names.get(message.get("tool_call_id"))), []).append(
+                str(message.get("content"))
+            )
+    return found
+
+
+def _web_steps(task: str, tools: set[str], results: dict[str, list[str]]) -> list[Step]:
+    steps: list[Step] = []
+    if "web_search" in tools:
+        query = (task.strip().splitlines() or ["the task"])[0][:100]
+        steps.append(("Let me search the web for this.", "web_search", {"query": query, "limit": 3}))
+    named = [url for url in URL.findall(task) if not IMAGE.fullmatch(url)]
+    found = [url for result in results.get("web_search", []) for url in URL.findall(result)]
+    if "web_extract" in tools and (named or found):
+        steps.append(("I'll read the page.", "web_extract", {"urls": (named or found)[:1]}))
+    if "image_generate" in tools:
+        prompt = f"An illustration of: {task[:200]}"
+        steps.append(
+            ("I'll make an image for this.", "image_generate", {"prompt": prompt, "aspect_ratio": "square"})
+        )
+    image = IMAGE.search(task)
+    made = [_path(result) for result in results.get("image_generate", [])]
+    source = image.group(0) if image else next((path for path in made if path), None)
+    if "vision_analyze" in tools and source:
+        steps.append(
+            (
+                "Let me look at the image.",
+                "vision_analyze",
+                {"image_url": source, "question": "What does this image show?"},
+            )
+        )
+    return steps
+
+
+def _path(result: str) -> str | None:
+    try:
+        path = json.loads(result).get("path")
+    except (ValueError, AttributeError):
+        return None
+    return path if isinstance(path, str) else None
+
+
+def _image_parts(messages: list[Message]) -> list[str] | None:
+    """The image URLs of the last user message when it carries images (a vision question)."""
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                urls = [
+                    str(part.get("image_url", {}).get("url", ""))
+                    for part in content
+                    if isinstance(part, dict) and part.get("type") == "image_url"
+                ]
+                return urls or None
+            return None
+    return None
+
+
+def _describe(images: list[str]) -> str:
+    """What can be told of each image without looking: its format, size and (PNG) dimensions."""
+    parts = []
+    for url in images:
+        head, _, payload = url.partition(",")
+        try:
+            data = base64.b64decode(payload, validate=True) if head.endswith(";base64") else b""
+        except (binascii.Error, ValueError):
+            data = b""
+        kind = head.removeprefix("data:").split(";")[0] or "an image"
+        size = (
+            f"{int.from_bytes(data[16:20], 'big')}x{int.from_bytes(data[20:24], 'big')} "
+            if data.startswith(b"\x89PNG") and len(data) >= 24
+            else ""
+        )
+        parts.append(
+            f"The image is a {size}{kind} of {len(data)} bytes." if data else f"The image is at {url[:100]}."
+        )
+    return " ".join(parts)

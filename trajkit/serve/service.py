@@ -71,7 +71,7 @@ class ServedAgent:
         """Check the endpoint, start the backend (clearing what dead servers left), open the run."""
         self.client = self.client_class.from_config(self.config)
         await self.client.check()
-        self.tool_run = await open_toolsets(self.toolsets, self.config)
+        self.tool_run = await open_toolsets(self.toolsets, self.config, self.host)
         backend_class = self.host.backend(self.config.sandbox)
         self.backend = backend_class(self.config.sandbox_options.get(self.config.sandbox, {}))
         reaped = await self.backend.reap()
