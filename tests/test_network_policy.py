@@ -79,7 +79,14 @@ class FakeDNS:
 
     async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
         self.asked.append(host)
-        address = self.table.get(host, "127.0.0.1")
+        return self.answer(host, self.address(host), port)
+
+    def address(self, host: str) -> str:
+        return self.table.get(host, "127.0.0.1")
+
+    @staticmethod
+    def answer(host: str, address: str, port: int) -> list[dict[str, Any]]:
+        """What aiohttp's resolvers answer (``aiohttp.abc.ResolveResult``)."""
         return [
             {
                 "hostname": host,
@@ -164,21 +171,8 @@ async def test_the_connection_goes_to_the_address_that_was_checked() -> None:
     be fetched at the private one: the connector connects to the checked answer, never asks again."""
 
     class Rebinding(FakeDNS):
-        async def resolve(
-            self, host: str, port: int = 0, family: int = socket.AF_INET
-        ) -> list[dict[str, Any]]:
-            self.asked.append(host)
-            address = "93.184.215.14" if len(self.asked) == 1 else "127.0.0.1"
-            return [
-                {
-                    "hostname": host,
-                    "host": address,
-                    "port": port,
-                    "family": socket.AF_INET,
-                    "proto": 0,
-                    "flags": 0,
-                }
-            ]
+        def address(self, host: str) -> str:
+            return "93.184.215.14" if len(self.asked) == 1 else "127.0.0.1"
 
     dns = Rebinding({})
     async with WebSite().serving() as site, fetcher(site, allow=False, dns=dns, timeout=2) as http:

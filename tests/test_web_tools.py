@@ -229,6 +229,19 @@ async def test_the_web_settings_bound_what_one_call_does(tmp_path: Path) -> None
     assert reads == 3  # nothing is cached
 
 
+async def test_pages_read_at_once_are_bounded_across_the_run(tmp_path: Path) -> None:
+    async with (
+        WebSite().serving() as site,
+        tools(tmp_path, "web", **web_options(site, parallel_reads=2)) as ctx,
+    ):
+        calls = [
+            call(ctx, "web_extract", urls=[f"{site.url}/wait/{n}-{m}" for m in range(3)]) for n in range(3)
+        ]
+        answers = await asyncio.gather(*calls)
+    assert [page["content"] for page in answers[2]["results"]] == ["page 2-0", "page 2-1", "page 2-2"]
+    assert site.most_waiting == 2  # nine pages asked by three sessions at once, two read at a time
+
+
 async def test_a_slow_page_is_a_tool_error_within_the_time_limit(tmp_path: Path) -> None:
     async with (
         WebSite().serving() as site,

@@ -78,6 +78,8 @@ class WebSite:
     sent_bytes: dict[str, int] = field(default_factory=dict)
     """Path -> bytes a streaming handler managed to write before the client hung up."""
     port: int = 0
+    waiting: int = 0
+    most_waiting: int = 0
     _runner: web.AppRunner | None = None
     _thread: threading.Thread | None = None
     _loop: asyncio.AbstractEventLoop | None = None
@@ -104,6 +106,7 @@ class WebSite:
         get("/loop", answer(lambda: _found("/loop")))
         get("/to-private", answer(lambda: _found(self.private_target)))
         get("/huge", self._huge)
+        get("/wait/{name}", self._wait)
         get("/slow", self._slow)
         get("/searxng/search", self._searxng)
         get("/brave/res/v1/web/search", self._brave)
@@ -121,6 +124,14 @@ class WebSite:
     async def _redirect(self, request: web.Request) -> web.Response:
         hops = int(request.query.get("hops", "2"))
         return _found(f"/redirect?hops={hops - 1}" if hops > 1 else "/article")
+
+    async def _wait(self, request: web.Request) -> web.Response:
+        """A page answered after 0.2 s; ``most_waiting`` counts how many were asked at once."""
+        self.waiting += 1
+        self.most_waiting = max(self.most_waiting, self.waiting)
+        await asyncio.sleep(0.2)
+        self.waiting -= 1
+        return web.Response(text=f"page {request.match_info['name']}")
 
     async def _huge(self, request: web.Request) -> web.StreamResponse:
         """A gigabyte of text, written in chunks as the client reads: never a length, never in memory."""

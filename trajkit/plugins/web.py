@@ -71,6 +71,9 @@ class WebSettings(StrictSettings):
     """Pages kept in the run's cache by URL (0: none)."""
     pdf_pages: int = Field(50, ge=1)
     """Pages of a PDF read at most."""
+    parallel_reads: int = Field(8, ge=1)
+    """Pages fetched and read at once across the run's sessions: what page reading can hold in
+    memory is about this many times max_page_bytes (and their parsed trees)."""
 
     @field_validator("allow_hosts")
     @classmethod
@@ -171,6 +174,8 @@ class WebRun:
     cache: PageCache
     text_limit: int
     """Characters of a page's text kept: more can never reach the model (the output cap)."""
+    reading: asyncio.Semaphore
+    """Pages fetched and read at once across the run's sessions (``parallel_reads``)."""
 
     async def read(self, urls: list[str]) -> list[Page | PageFailure]:
         return await self.cache.pages(urls, self._through_provider if self.reader else self._locally)
@@ -192,7 +197,11 @@ class WebRun:
         return [refused.get(url) or self._trimmed(found[url]) for url in urls]
 
     async def _locally(self, urls: list[str]) -> list[Page | PageFailure]:
-        return list(await asyncio.gather(*(self._read_one(url) for url in urls)))
+        return list(await asyncio.gather(*(self._read_bounded(url) for url in urls)))
+
+    async def _read_bounded(self, url: str) -> Page | PageFailure:
+        async with self.reading:  # a page and its parsed tree are held only while it is read
+            return await self._read_one(url)
 
     async def _read_one(self, url: str) -> Page | PageFailure:
         try:
@@ -255,9 +264,9 @@ class WebToolset(Toolset):
                     f"web: --web.extract_with {reader.name}: that provider does not read pages"
                 )
         limit = run.config.tool_output_cap if run.config is not None else 16 * 1024
-        web = WebRun(
-            settings, provider, reader, page_fetcher(settings), PageCache(settings.cached_pages), limit
-        )
+        reading = asyncio.Semaphore(settings.parallel_reads)
+        cache = PageCache(settings.cached_pages)
+        web = WebRun(settings, provider, reader, page_fetcher(settings), cache, limit, reading)
         run.resources[self.name] = web
         run.on_close(web.aclose)
 
