@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
 from trajkit import __version__
-from trajkit.network import GuardedResolver, NetworkPolicy, Refused
+from trajkit.network import GuardedResolver, NetworkPolicy, Refused, public
 
 if TYPE_CHECKING:
     import aiohttp
@@ -26,12 +26,6 @@ if TYPE_CHECKING:
 
 USER_AGENT = f"trajkit/{__version__} (agent tools; +https://pypi.org/project/trajkit/)"
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
-
-
-def public(url: str) -> str:
-    """``url`` without user, password, query or fragment: safe for logs and messages."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
 class FetchError(Exception):

@@ -16,24 +16,41 @@ connections for a model (a browser's filtering proxy, an MCP client) can use the
 
 from __future__ import annotations
 
-import ipaddress
+import functools
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
+    import ipaddress
+
     from aiohttp.abc import AbstractResolver, ResolveResult
 
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+    Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-METADATA_ADDRESSES = frozenset(
-    ipaddress.ip_address(a)
-    for a in ("169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200", "192.0.0.192")
-)
+METADATA = ("169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200", "192.0.0.192")
 """Cloud metadata services (AWS, ECS, AWS over IPv6, Alibaba, Oracle): named as such in refusals."""
-NAT64 = ipaddress.ip_network("64:ff9b::/96")
-SHARED = ipaddress.ip_network("100.64.0.0/10")
+
+
+def public(url: str) -> str:
+    """``url`` without user, password, query or fragment: safe for logs and messages."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+@functools.cache
+def _ranges() -> dict[str, Any]:
+    """The address sets the checks need, made on first use (``ipaddress`` is not imported with
+    the plugins)."""
+    import ipaddress
+
+    return {
+        "metadata": frozenset(ipaddress.ip_address(a) for a in METADATA),
+        "nat64": ipaddress.ip_network("64:ff9b::/96"),
+        "shared": ipaddress.ip_network("100.64.0.0/10"),
+    }
 
 
 class Refused(Exception):
@@ -49,7 +66,7 @@ def address_problem(address: Address) -> str | None:
     embedded = _embedded_ipv4(address)
     if embedded is not None:
         return address_problem(embedded)
-    if address in METADATA_ADDRESSES:
+    if address in _ranges()["metadata"]:
         return "a cloud metadata address"
     for check, kind in (
         ("is_loopback", "a loopback address"),
@@ -59,7 +76,7 @@ def address_problem(address: Address) -> str | None:
     ):
         if getattr(address, check):
             return kind
-    if address.version == 4 and address in SHARED:
+    if address.version == 4 and address in _ranges()["shared"]:
         return "a carrier-grade NAT address"
     if address.is_reserved:
         return "a reserved address"
@@ -71,6 +88,8 @@ def address_problem(address: Address) -> str | None:
 
 
 def _embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
+    import ipaddress
+
     if not isinstance(address, ipaddress.IPv6Address):
         return None
     if address.ipv4_mapped is not None:
@@ -79,13 +98,15 @@ def _embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
         return address.sixtofour
     if address.teredo is not None:
         return address.teredo[1]
-    if address in NAT64:
+    if address in _ranges()["nat64"]:
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return None
 
 
 def parse_address(host: str) -> Address | None:
     """``host`` as an IP address (brackets and an IPv6 zone allowed), or None for a name."""
+    import ipaddress
+
     try:
         return ipaddress.ip_address(host.strip("[]").partition("%")[0])
     except ValueError:

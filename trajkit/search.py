@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
-from trajkit.fetch import Fetcher, FetchError, Response
 from trajkit.settings import StrictSettings
 from trajkit.tools import NoSettings
+
+if TYPE_CHECKING:
+    from trajkit.fetch import Fetcher, Response
 
 
 class SearchError(Exception):
@@ -109,6 +111,8 @@ class SearchProvider:
 
     async def request(self, url: str, **request: Any) -> Response:
         """The answer of one API request, whatever its status; :class:`SearchError` when there is none."""
+        from trajkit.fetch import FetchError
+
         try:
             return await self.http.fetch(url, **request)
         except FetchError as exc:

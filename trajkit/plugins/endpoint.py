@@ -22,8 +22,8 @@ from urllib.parse import urljoin, urlsplit
 import orjson
 
 from trajkit import __version__
-from trajkit.fetch import public
 from trajkit.model import ModelEndpointError, ModelNotFound
+from trajkit.network import public
 
 if TYPE_CHECKING:
     import aiohttp

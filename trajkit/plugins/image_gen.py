@@ -15,20 +15,22 @@ import json
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import orjson
 from pydantic import Field
 
 from trajkit import hookimpl
-from trajkit.fetch import Fetcher, FetchError, Response
 from trajkit.plugins.toolsets import object_schema, string_arg
 from trajkit.plugins.vision import image_type, takes_image
-from trajkit.plugins.web import api_fetcher, page_fetcher, web_settings
+from trajkit.plugins.web import web_settings
 from trajkit.sandbox import ByteSize
 from trajkit.settings import StrictSettings
 from trajkit.tools import Tool, ToolContext, ToolError, ToolRun, Toolset, ToolsetError
+
+if TYPE_CHECKING:
+    from trajkit.fetch import Fetcher, Response
 
 SIZES = {"landscape": "1536x1024", "square": "1024x1024", "portrait": "1024x1536"}
 """The image size asked for each aspect ratio (the reference's names and GPT image sizes)."""
@@ -96,6 +98,8 @@ class ImageGenToolset(Toolset):
         problem = self.problem(settings)
         if problem:
             raise ToolsetError(f"image_gen: {problem}")
+        from trajkit.plugins.web_pages import api_fetcher, page_fetcher
+
         base_url = str(settings.base_url)
         host, port = urlsplit(base_url).hostname, urlsplit(base_url).port
         # an image URL the endpoint hands back may be on the endpoint's own host
@@ -115,6 +119,8 @@ class ImageGenToolset(Toolset):
 
 
 async def image_generate(args: dict[str, Any], ctx: ToolContext) -> str:
+    from trajkit.fetch import FetchError
+
     images = ctx.session.run.resources.get("image_gen")
     if not isinstance(images, ImageRun):
         raise ToolError("the image tool was not started for this run")
@@ -157,6 +163,8 @@ async def image_generate(args: dict[str, Any], ctx: ToolContext) -> str:
 
 async def _image_of(images: ImageRun, response: Response) -> tuple[bytes, str | None]:
     """The image an answer holds (inline, or at the URL it gives) and the prompt the model used."""
+    from trajkit.fetch import FetchError
+
     if response.status >= 400:
         raise ToolError(
             images.scrubbed(f"the images endpoint answered {response.status}: {response.excerpt()}")

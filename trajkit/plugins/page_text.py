@@ -8,9 +8,10 @@ the ``web`` toolset runs them in a worker thread under a time limit.
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trajkit.fetch import Response
+if TYPE_CHECKING:
+    from trajkit.fetch import Response
 
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 TEXT_TYPES = frozenset({"application/json", "application/xml", "application/x-yaml", "application/yaml"})

@@ -9,7 +9,6 @@ service (a proxy, a self-hosted Firecrawl).
 from __future__ import annotations
 
 import asyncio
-import html
 import re
 from typing import Any, Literal
 
@@ -28,6 +27,8 @@ def trajkit_search_providers() -> list[type[SearchProvider]]:
 
 def plain(text: Any, limit: int = SNIPPET_CHARS) -> str:
     """Text without markup, entities or runs of blanks, at most ``limit`` characters."""
+    import html
+
     flat = " ".join(html.unescape(TAG.sub("", str(text or ""))).split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 

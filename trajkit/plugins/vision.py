@@ -16,19 +16,21 @@ import binascii
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, SecretStr
 
 from trajkit import hookimpl
 from trajkit.config import RunConfig
-from trajkit.fetch import Fetcher, FetchError
 from trajkit.model import ModelClient, ModelError
 from trajkit.plugins.toolsets import object_schema, string_arg
-from trajkit.plugins.web import page_fetcher, web_settings
+from trajkit.plugins.web import web_settings
 from trajkit.sandbox import ByteSize, FileTooLarge
 from trajkit.settings import StrictSettings
 from trajkit.tools import Tool, ToolContext, ToolError, ToolRun, Toolset, ToolsetError
+
+if TYPE_CHECKING:
+    from trajkit.fetch import Fetcher
 
 IMAGE_TYPES = (
     (b"\x89PNG\r\n\x1a\n", "image/png", "png"),
@@ -106,6 +108,8 @@ class VisionToolset(Toolset):
             await client.check()
         except (ModelError, ValueError, RuntimeError) as exc:
             raise ToolsetError(f"vision: {exc}") from None
+        from trajkit.plugins.web_pages import page_fetcher
+
         images = page_fetcher(web_settings(run.config), max_bytes=settings.max_image_bytes)
         vision = VisionRun(settings, client, images)
         run.resources[self.name] = vision
@@ -159,6 +163,8 @@ async def vision_analyze(args: dict[str, Any], ctx: ToolContext) -> str:
 
 async def load_image(source: str, ctx: ToolContext, images: Fetcher, limit: int) -> bytes:
     """The bytes of an image URL, a data: URL or a file in the sandbox, at most ``limit``."""
+    from trajkit.fetch import FetchError
+
     if source.startswith(("http://", "https://")):
         try:
             response = await images.fetch(source, accept=takes_image, max_bytes=limit)
