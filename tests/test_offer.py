@@ -243,7 +243,12 @@ def test_the_listing_says_what_is_missing_and_why(gated: PluginHost) -> None:
     assert entries["gated_mix"]["offered_here"] == pytest.approx({"terminal": 2 / 3, "file": 2 / 3})
     assert entries["needs_search"]["stops"] == ["websearch"] and entries["needs_search"]["offered_here"] == {}
     assert entries["browser_only"]["offered_here"] == {} and entries["sandboxed"]["default"]
-    assert entries["research"]["offered_here"] == {"terminal": 1.0}  # at least one: terminal every time
+    # research draws web, which cannot run without a search provider; with one, it is drawn
+    assert entries["research"]["stops"] == ["web"] and entries["research"]["offered_here"] == {}
+    searching = {"toolset_options": {"web": {"search_provider": "searxng"}}}
+    entries = {entry["name"]: entry for entry in listing(resolve(gated, searching), gated)}
+    assert entries["research"]["offered_here"].keys() == {"web", "vision", "terminal"}
+    assert entries["research"]["missing"] == {"browser": "no installed plugin provides it"}
 
 
 def test_the_readme_distributions_table_is_generated_from_the_code() -> None:
