@@ -24,7 +24,15 @@ from trajkit.plugins.local_sandbox import LocalBackend
 from trajkit.sandbox import SandboxSpec
 from trajkit.search import SearchHit, SearchProvider
 from trajkit.settings import StrictSettings
-from trajkit.tools import ToolContext, ToolError, ToolSession, ToolsetError, close_session, open_toolsets
+from trajkit.tools import (
+    ToolContext,
+    ToolError,
+    ToolSession,
+    ToolsetError,
+    close_session,
+    open_toolsets,
+    schemas_markdown,
+)
 
 KEYS = {
     "BRAVE_API_KEY": "brave-test-key-123",
@@ -405,3 +413,16 @@ async def test_a_plugin_adds_a_search_provider_with_settings_of_its_own(
         ),
     ):
         _ = clash.search_providers
+
+
+def web_tool_schemas() -> str:
+    toolsets = load_plugins(entry_points=False).toolsets
+    return schemas_markdown(tool for name in ("web", "vision", "image_gen") for tool in toolsets[name].tools)
+
+
+def test_the_documented_schemas_are_the_tools_schemas() -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "web.md").read_text()
+    generated = page[page.index("## Schemas\n") :].split("\n\n", 2)[2]
+    assert generated == web_tool_schemas(), (
+        "stale: regenerate docs/web.md's last section from tests.test_web_tools.web_tool_schemas()"
+    )

@@ -155,6 +155,17 @@ class Toolset:
         """
 
 
+def schemas_markdown(tools: Iterable[Tool]) -> str:
+    """``tools``' schemas as the model is given them, one Markdown section each (for the pages
+    that document them; a test keeps each page current)."""
+    import json
+
+    return "\n".join(
+        f"### `{tool.name}`\n\n```json\n{json.dumps(tool.schema(), indent=2, ensure_ascii=False)}\n```\n"
+        for tool in tools
+    )
+
+
 async def open_toolsets(
     toolsets: Iterable[Toolset], config: RunConfig, plugins: PluginHost | None = None
 ) -> ToolRun:
