@@ -517,6 +517,56 @@ def test_images_without_the_needed_tools_are_refused(
     asyncio.run(body())
 
 
+ENGINE_WORDS = (
+    "lstat /var/lib/trajkit-docker/data/overlay2/4d63fed789d600d45be65738201ecfe1b56abf950bf27eab142927400ffc72fd"
+    "/merged/work/bad name.txt: invalid argument"
+)
+
+
+def test_engine_words_lose_the_engine_s_host_directories() -> None:
+    engine = pytest.importorskip("trajkit_docker.engine")
+    assert engine.without_host_paths(ENGINE_WORDS) == "lstat /work/bad name.txt: invalid argument"
+    for words, expected in [
+        ("open /var/lib/docker/overlay2/0123456789abcdef-init/diff/etc/x: denied", "open /etc/x: denied"),
+        ("mkdir /data/docker/aufs/mnt/0123456789abcdef0123/srv: exists", "mkdir /srv: exists"),
+        (f"read /var/lib/docker/containers/{'a' * 64}/hostname: busy", "read <container>/hostname: busy"),
+        ("no such container: 0123456789ab", "no such container: 0123456789ab"),
+    ]:
+        assert engine.without_host_paths(words) == expected
+
+
+@pytest.mark.engine("docker")
+def test_engine_errors_about_paths_are_file_errors_naming_no_host_directory(docker_engine: None) -> None:
+    """Beneath the sandbox's own path checks: the engine refusing a path is an OSError in the
+    sandbox's terms, and a SandboxError keeps the engine's words without its directories."""
+    import docker.errors
+    from trajkit_docker.engine import translated
+
+    from trajkit.sandbox import SandboxError
+
+    with pytest.raises(SandboxError) as failed, translated("reading"):
+        raise docker.errors.APIError("500 Server Error", explanation=ENGINE_WORDS)
+    assert str(failed.value) == "docker: reading failed: lstat /work/bad name.txt: invalid argument"
+
+    async def body() -> None:
+        backend = make_backend()
+        sandbox = await backend.create(spec())
+        try:
+            engine, container = sandbox._engine, sandbox.container_id
+            for path in ("/work/bad\0name", "/work/" + "n" * 300):
+                with pytest.raises(OSError) as refused:
+                    await asyncio.to_thread(engine.stat_path, container, path)
+                assert "overlay2" not in str(refused.value) and "/var/lib" not in str(refused.value)
+            with pytest.raises(OSError) as refused:
+                await asyncio.to_thread(engine.read_file, container, "/work/x\0y/" + "z" * 5000, 10)
+            assert "overlay2" not in str(refused.value)
+        finally:
+            await sandbox.close()
+            await backend.aclose()
+
+    asyncio.run(body())
+
+
 def test_settings_are_checked() -> None:
     settings = pytest.importorskip("trajkit_docker.settings")
     from pydantic import ValidationError

@@ -160,3 +160,43 @@ def test_the_reaper_removes_containers_of_a_killed_run(tmp_path: Path, docker_cl
     assert reaped is not None and int(reaped.group(1)) >= 6, resumed.stderr
     assert containers_of(docker_client, ORPHANS) == []
     assert len(read_jsonl(tmp_path / ORPHANS / "trajectories.jsonl")) == 6
+
+
+UNUSABLE_PATH_STEPS: list[tuple[str, dict[str, Any]]] = [
+    ("read_file", {"path": "bad\0name.txt"}),
+    ("write_file", {"path": "x" * 8000, "content": "x"}),
+    ("patch", {"path": "dir/" + "n" * 300, "old_string": "a", "new_string": "b"}),
+    ("write_file", {"path": "caf\udce9.txt", "content": "x"}),
+    ("terminal", {"command": "echo still here"}),
+]
+
+
+def test_paths_no_engine_takes_are_tool_errors_not_failed_attempts(
+    tmp_path: Path, docker_client: Any
+) -> None:
+    """A file tool's path with a NUL byte or 8,000 characters used to fail the whole attempt
+    (``sandbox_error``, three attempts, the row pending, paid again by every resume), and the error
+    in failures.jsonl named the engine's overlay directory on the host."""
+    from tests.test_hostile_run import make_policy
+
+    name = f"paths-{uuid.uuid4().hex[:8]}"
+    dataset = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "[hostile] odd paths", "image": BUSYBOX}])
+    server = OpenAITestServer(make_policy(UNUSABLE_PATH_STEPS))
+    with server:
+        result = trajkit(*run_args(dataset, tmp_path, server.base_url, name))
+    assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / name
+    [record] = read_jsonl(run_dir / "trajectories.jsonl")
+    assert record["attempt"] == 1 and record["completed"]
+    told = [turn["value"] for turn in record["conversations"] if turn["from"] == "tool"]
+    assert len(told) == len(UNUSABLE_PATH_STEPS)
+    for message in told[:-1]:
+        assert message.startswith("Error: cannot "), message
+        assert len(message) < 600
+    assert "still here" in told[-1]
+    assert record["tool_stats"]["read_file"] == {"count": 1, "success": 0, "failure": 1}
+    assert not (run_dir / "failures.jsonl").exists() or read_jsonl(run_dir / "failures.jsonl") == []
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert b"overlay2" not in path.read_bytes(), path
+    assert containers_of(docker_client, name) == []

@@ -165,3 +165,37 @@ def test_terminal_output_past_the_cap_is_cut_inside_valid_json(tmp_path: Path) -
     result = json.loads(content)
     assert result["exit_code"] == 0
     assert result["output"].startswith('"\x01\n"\x01\n') and "bytes truncated" in result["output"]
+
+
+def test_paths_no_engine_takes_are_refused_by_their_length_in_bytes() -> None:
+    from trajkit.sandbox import NAME_MAX, PATH_MAX, InvalidPath, check_path
+
+    fine = ["a", "dir/" + "n" * NAME_MAX, "/".join(["d"] * ((PATH_MAX - 1) // 2)), "é" * (NAME_MAX // 2)]
+    for path in fine:
+        assert check_path(path) == path
+    refused = {
+        "a\0b": "NUL byte",
+        "caf\udce9": "not valid UTF-8",
+        "n" * (NAME_MAX + 1): f"a name in the path is {NAME_MAX + 1} bytes long",
+        "é" * 128: "a name in the path is 256 bytes long",
+        "d/" * (PATH_MAX // 2): f"the path is {PATH_MAX} bytes long",
+    }
+    for path, reason in refused.items():
+        with pytest.raises(InvalidPath, match=reason) as caught:
+            check_path(path)
+        assert path not in str(caught.value)
+
+
+def test_what_the_model_is_told_of_a_path_is_short_and_printable(tmp_path: Path) -> None:
+    async def body(ctx: ToolContext) -> list[str]:
+        told = []
+        for path in ("x" * 8000, "bad\0name", "missing.txt"):
+            with pytest.raises(ToolError) as caught:
+                await file_tools.read_file({"path": path}, ctx)
+            told.append(str(caught.value))
+        return told
+
+    long, nul, missing = with_tools(tmp_path, body)
+    assert long.startswith("cannot read " + "x" * 200 + "... (8000 characters): the path is 8000 bytes")
+    assert nul == "cannot read 'bad\\x00name': the path contains a NUL byte"
+    assert missing == "cannot read missing.txt: no such file"

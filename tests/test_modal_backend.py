@@ -73,6 +73,7 @@ class FakeHarness:
     def __init__(self, sdk: FakeModal, kill_on_exec_timeout: bool) -> None:
         self.sdk = sdk
         sdk.cloud.kill_on_exec_timeout = kill_on_exec_timeout
+        self.host_paths = (str(sdk.cloud.root),)
 
     def make_backend(self) -> SandboxBackend:
         return ModalBackend({"create_rate": "50"}, sdk=self.sdk)

@@ -25,6 +25,7 @@ class LocalHarness:
     def __init__(self, root: Path, **options: str) -> None:
         self.options = {"root": str(root), **options}
         self.isolated = options.get("isolation") != "none"
+        self.host_paths = (str(root),)
 
     def make_backend(self) -> SandboxBackend:
         return LocalBackend(self.options)

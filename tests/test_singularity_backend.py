@@ -104,6 +104,7 @@ class SingularityHarness:
     def __init__(self, image: str, cache_dir: Path) -> None:
         self.image: str | None = image
         self.cache_dir = cache_dir
+        self.host_paths = (str(cache_dir),)
 
     def make_backend(self) -> SandboxBackend:
         backend: SandboxBackend = make_backend(self.cache_dir)

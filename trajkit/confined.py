@@ -22,7 +22,7 @@ import errno
 import os
 import stat
 
-from trajkit.sandbox import FileTooLarge, NotARegularFile, OutsideSandbox
+from trajkit.sandbox import FileTooLarge, NotARegularFile, OutsideSandbox, check_path
 
 MAX_LINKS = 40
 """Symlinks followed while resolving one path, as the kernel's own bound."""
@@ -62,7 +62,7 @@ class Beneath:
 
     def read(self, path: str, limit: int) -> bytes:
         """The regular file ``path``, or :class:`FileTooLarge` with its head and tail."""
-        fd = self._open_file(path, os.O_RDONLY, create=False)
+        fd = self._open_file(check_path(path), os.O_RDONLY, create=False)
         try:
             size = os.fstat(fd).st_size
             if size <= limit:
@@ -79,7 +79,7 @@ class Beneath:
 
     def write(self, path: str, data: bytes) -> None:
         """Replace the content of the regular file ``path`` (created, with its parents, if missing)."""
-        fd = self._open_file(path, os.O_WRONLY | os.O_CREAT, create=True)
+        fd = self._open_file(check_path(path), os.O_WRONLY | os.O_CREAT, create=True)
         try:
             os.ftruncate(fd, 0)
             view = memoryview(data)

@@ -18,6 +18,10 @@ Contract (checked by ``tests/test_sandbox_conformance.py`` against every backend
   attempt raises :class:`OutsideSandbox`), touch only regular files (a device, FIFO or socket raises
   :class:`NotARegularFile` at once, never blocks), and a read holds at most ``limit`` bytes: a larger
   file raises :class:`FileTooLarge` carrying its real size, head and tail.
+- a path no engine accepts (a NUL byte, text that is not valid UTF-8, more than
+  :data:`PATH_MAX` bytes, a name of more than :data:`NAME_MAX` bytes) raises :class:`InvalidPath`
+  (an OSError: the model is told, the session goes on), never :class:`SandboxError`; no file
+  error names a host path (an engine's overlay directory, the runner's scratch directories).
 - ``close`` is idempotent and leaves nothing behind.
 - sandbox failures (could not start, engine gone) raise :class:`SandboxError`; an image that
   cannot be had raises :class:`ImageUnavailable`.
@@ -25,6 +29,7 @@ Contract (checked by ``tests/test_sandbox_conformance.py`` against every backend
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
@@ -62,6 +67,41 @@ class OutsideSandbox(PermissionError):
 
 class NotARegularFile(OSError):
     """The path names a device, FIFO or socket: file operations refuse it instead of blocking on it."""
+
+
+class InvalidPath(OSError):
+    """A path that no engine accepts (see :func:`check_path`): a file error, not a sandbox failure."""
+
+
+PATH_MAX = 4096
+"""Bytes of a path the kernel takes, its terminating NUL included."""
+NAME_MAX = 255
+"""Bytes of one name in a path."""
+
+
+def check_path(path: str) -> str:
+    """``path`` unchanged when every engine can take it, else :class:`InvalidPath` saying why.
+
+    The message never repeats the path (it may be thousands of characters, or not printable).
+    Backends check the absolute path they resolve (the working directory joined with what the
+    model gave), the file tools the path as given.
+    """
+    if "\0" in path:
+        raise InvalidPath(errno.EINVAL, "the path contains a NUL byte")
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPath(errno.EILSEQ, "the path is not valid UTF-8 text") from None
+    if len(encoded) >= PATH_MAX:
+        raise InvalidPath(
+            errno.ENAMETOOLONG, f"the path is {len(encoded)} bytes long; at most {PATH_MAX - 1}"
+        )
+    longest = max(len(name) for name in encoded.split(b"/"))
+    if longest > NAME_MAX:
+        raise InvalidPath(
+            errno.ENAMETOOLONG, f"a name in the path is {longest} bytes long; at most {NAME_MAX}"
+        )
+    return path
 
 
 class FileTooLarge(OSError):

@@ -10,6 +10,7 @@ inside the sandbox.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import shlex
 from collections.abc import Iterator
@@ -20,7 +21,14 @@ from typing import Any
 from trajkit import hookimpl
 from trajkit.plugins import unified_diff
 from trajkit.plugins.toolsets import STRING, object_schema, string_arg
-from trajkit.sandbox import DEFAULT_READ_LIMIT, FileTooLarge, NotARegularFile, OutsideSandbox
+from trajkit.sandbox import (
+    DEFAULT_READ_LIMIT,
+    FileTooLarge,
+    InvalidPath,
+    NotARegularFile,
+    OutsideSandbox,
+    check_path,
+)
 from trajkit.tools import Tool, ToolContext, ToolError, Toolset
 
 MAX_FILE_BYTES = DEFAULT_READ_LIMIT
@@ -35,6 +43,8 @@ SEARCH_LIMIT, MAX_SEARCH_LIMIT, MAX_CONTEXT = 50, 1000, 10
 SEARCH_LINE_CHARS = 500
 """Longer lines are cut in what ``search_files`` shows: a match with its context fits a tool result."""
 BINARY_PROBE = 8192
+SHOWN_PATH_CHARS = 200
+"""Characters of a path repeated in an error message: a path may be thousands long."""
 
 
 @hookimpl
@@ -61,9 +71,25 @@ def choice_arg(args: dict[str, Any], key: str, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
+def path_arg(args: dict[str, Any], action: str, name: str = "path") -> str:
+    """The path argument, refused (a tool error) when no sandbox could take it."""
+    return _checked(action, string_arg(args, name))
+
+
+def _checked(action: str, path: str) -> str:
+    """``path``, or a tool error when no sandbox could take it (a NUL byte, thousands of bytes...):
+    whatever the backend, the model is told, and no engine sees it."""
+    try:
+        return check_path(path)
+    except InvalidPath as exc:
+        raise ToolError(_file_problem(action, path, exc)) from None
+
+
 def _file_problem(action: str, path: str, exc: BaseException) -> str:
-    """What the model is told: the kind of problem, never a host path or the runner's internals."""
+    """What the model is told: the kind of problem, never a host path, an engine's words or the
+    runner's internals (only the path the model gave, cut to its first characters)."""
     reasons = {
+        InvalidPath: exc.strerror if isinstance(exc, InvalidPath) else "",
         FileNotFoundError: "no such file",
         IsADirectoryError: "is a directory",
         NotADirectoryError: "a parent is not a directory",
@@ -72,11 +98,23 @@ def _file_problem(action: str, path: str, exc: BaseException) -> str:
         FileTooLarge: f"larger than {MAX_FILE_BYTES} bytes",
         UnicodeDecodeError: "not UTF-8 text",
     }
-    reason = next((text for kind, text in reasons.items() if isinstance(exc, kind)), type(exc).__name__)
-    return f"cannot {action} {path}: {reason}"
+    reason = next((text for kind, text in reasons.items() if isinstance(exc, kind)), None)
+    if reason is None:
+        # The errno's own words: an exception's text may carry an engine's (and its host paths).
+        code = exc.errno if isinstance(exc, OSError) else None
+        reason = os.strerror(code).lower() if code else type(exc).__name__
+    return f"cannot {action} {shown_path(path)}: {reason}"
+
+
+def shown_path(path: str) -> str:
+    """``path`` as an error message repeats it: quoted when not printable, cut when long."""
+    if len(path) > SHOWN_PATH_CHARS:
+        return f"{shown_path(path[:SHOWN_PATH_CHARS])}... ({len(path)} characters)"
+    return path if path.isprintable() else ascii(path)
 
 
 async def _read_text(ctx: ToolContext, action: str, path: str) -> str:
+    _checked(action, path)
     try:
         data = await ctx.sandbox.read_file(path, limit=MAX_FILE_BYTES)
         return data.decode("utf-8")
@@ -85,9 +123,12 @@ async def _read_text(ctx: ToolContext, action: str, path: str) -> str:
 
 
 async def _write(ctx: ToolContext, action: str, path: str, text: str) -> int:
+    _checked(action, path)
     data = text.encode()
     if len(data) > MAX_FILE_BYTES:
-        raise ToolError(f"{path} would be {len(data)} bytes; the file tools write at most {MAX_FILE_BYTES}")
+        raise ToolError(
+            f"{shown_path(path)} would be {len(data)} bytes; the file tools write at most {MAX_FILE_BYTES}"
+        )
     try:
         await ctx.sandbox.write_file(path, data)
     except OSError as exc:
@@ -99,7 +140,7 @@ async def _write(ctx: ToolContext, action: str, path: str, text: str) -> int:
 
 
 async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
-    path = string_arg(args, "path")
+    path = path_arg(args, "read")
     offset = int_arg(args, "offset", 1, 1)
     limit = int_arg(args, "limit", READ_LINES, 1, MAX_READ_LINES)
     note = None
@@ -112,7 +153,7 @@ async def read_file(args: dict[str, Any], ctx: ToolContext) -> str:
     except OSError as exc:
         raise ToolError(_file_problem("read", path, exc)) from exc
     if b"\0" in data[:BINARY_PROBE]:
-        raise ToolError(f"cannot read {path}: a binary file ({size} bytes), not text")
+        raise ToolError(f"cannot read {shown_path(path)}: a binary file ({size} bytes), not text")
     total = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
     result: dict[str, Any] = {"path": path, "content": "", "total_lines": total, "file_size": size}
     shown: list[str] = []
@@ -167,7 +208,7 @@ def _line_start(data: bytes, first: int) -> int:
 
 
 async def write_file(args: dict[str, Any], ctx: ToolContext) -> str:
-    path, content = string_arg(args, "path"), string_arg(args, "content")
+    path, content = path_arg(args, "write"), string_arg(args, "content")
     written = await _write(ctx, "write", path, content)
     return json.dumps({"path": path, "bytes_written": written})
 
@@ -176,14 +217,16 @@ async def patch(args: dict[str, Any], ctx: ToolContext) -> str:
     mode = choice_arg(args, "mode", ("replace", "patch"))
     if mode == "patch":
         return await _apply_diff(string_arg(args, "patch"), ctx)
-    path, old, new = string_arg(args, "path"), string_arg(args, "old_string"), string_arg(args, "new_string")
+    path, old, new = path_arg(args, "patch"), string_arg(args, "old_string"), string_arg(args, "new_string")
     replace_all = bool(args.get("replace_all", False))
     text = await _read_text(ctx, "patch", path)
     found = text.count(old) if old else 0
     if found == 0:
-        raise ToolError(f"old_string not found in {path}")
+        raise ToolError(f"old_string not found in {shown_path(path)}")
     if found > 1 and not replace_all:
-        raise ToolError(f"old_string occurs {found} times in {path}; make it unique or set replace_all")
+        raise ToolError(
+            f"old_string occurs {found} times in {shown_path(path)}; make it unique or set replace_all"
+        )
     replaced = found if replace_all else 1
     # Checked before the replacement is built: replace_all can multiply a file's size.
     size = len(text.encode()) + replaced * (len(new.encode()) - len(old.encode()))
@@ -226,6 +269,7 @@ async def _current(ctx: ToolContext, change: unified_diff.FileChange) -> str:
     """The file's text before the change ("" for a file the diff creates, which must not exist)."""
     if not change.created:
         return await _read_text(ctx, "patch", change.path)
+    _checked("create", change.path)
     try:
         await ctx.sandbox.read_file(change.path, limit=0)
     except FileNotFoundError:
@@ -234,7 +278,9 @@ async def _current(ctx: ToolContext, change: unified_diff.FileChange) -> str:
         pass
     except OSError as exc:
         raise ToolError(_file_problem("create", change.path, exc)) from exc
-    raise ToolError(f"cannot create {change.path}: it exists already (patch it with a diff from its content)")
+    raise ToolError(
+        f"cannot create {shown_path(change.path)}: it exists already (patch it with a diff from its content)"
+    )
 
 
 # -- search_files --------------------------------------------------------------------------------
@@ -271,6 +317,7 @@ async def search_files(args: dict[str, Any], ctx: ToolContext) -> str:
 async def _search_path(path: str, ctx: ToolContext) -> str:
     """``path`` checked as the file tools check a path (inside the sandbox, a directory or a
     regular file), as a command in the sandbox's working directory names it."""
+    _checked("search", path)
     try:
         await ctx.sandbox.read_file(path, limit=0)
     except (FileTooLarge, IsADirectoryError):

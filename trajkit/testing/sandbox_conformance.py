@@ -49,6 +49,8 @@ class BackendHarness(Protocol):
 
 
 # Optional harness attributes, read with getattr so that older harnesses keep working:
+#   host_paths (default ()): host directories behind the sandboxes (a scratch root) that no error
+#     message may name.
 #   isolated (default True): commands cannot see the runner's processes, /proc entries or
 #     environment. Only the local backend's explicit ``isolation=none`` opt-out says False.
 #   processes_on_this_host (default True): the sandbox's processes run on this machine's kernel, so
@@ -188,6 +190,52 @@ class HostileConformance:
             stand_in.kill()
             stand_in.wait()
 
+    def test_paths_no_engine_takes_are_file_errors(self, harness: BackendHarness) -> None:
+        """A NUL byte, 8,000 characters, an over-long name, text that is no UTF-8: each is a file
+        error (OSError, which the model is told), never a failure of the sandbox, and no message
+        names a host path; the sandbox goes on working."""
+
+        async def body() -> None:
+            async with self.sandbox(harness) as sb:
+                for what, path in UNUSABLE_PATHS.items():
+                    for write in (False, True):
+                        operation = sb.write_file(path, b"x") if write else sb.read_file(path)
+                        try:
+                            await asyncio.wait_for(operation, HOSTILE_DEADLINE)
+                        except OSError as refused:
+                            assert_no_host_path(str(refused), harness, what)
+                        else:
+                            raise AssertionError(f"a path with {what} was taken")
+                result = await sb.exec("echo still usable", timeout=30)
+                assert result.stdout == "still usable\n"
+
+        run(body)
+
+    def test_file_tools_tell_the_model_of_unusable_paths(self, harness: BackendHarness) -> None:
+        """What the model sees: a tool error for each such path, on every backend, naming no host path."""
+        from trajkit.plugins.file_tools import FILE
+        from trajkit.tools import ToolContext, ToolError
+
+        tools = {tool.name: tool for tool in FILE.tools}
+        calls = [
+            ("read_file", {}),
+            ("write_file", {"content": "x"}),
+            ("patch", {"old_string": "a", "new_string": "b"}),
+        ]
+
+        async def body() -> None:
+            async with self.sandbox(harness) as sb:
+                context = ToolContext(sb)
+                for what, path in UNUSABLE_PATHS.items():
+                    for name, arguments in calls:
+                        with pytest.raises(ToolError) as told:
+                            await tools[name].run({"path": path, **arguments}, context)
+                        message = str(told.value)
+                        assert_no_host_path(message, harness, what)
+                        assert len(message) < 600, f"{name} with {what}: {len(message)} characters"
+
+        run(body)
+
     def test_daemons_die_with_their_exec(self, harness: BackendHarness) -> None:
         marker = str(random.randint(10_000, 99_999))
 
@@ -205,6 +253,24 @@ class HostileConformance:
                 assert await _host_processes(marker) == []
 
         run(body)
+
+
+UNUSABLE_PATHS = {
+    "a NUL byte": "bad\0name.txt",
+    "8,000 characters": "x" * 8000,
+    "an over-long name": "dir/" + "n" * 300 + ".txt",
+    "text that is no UTF-8": "caf\udce9.txt",
+    "500 levels": "/".join(["abcdefghij"] * 500),
+}
+"""Paths no engine accepts, as a model can send them (JSON escapes give lone surrogates too)."""
+HOST_PATH_MARKS = ("overlay2", "/merged/", "/var/lib/docker", "/.cache/trajkit")
+
+
+def assert_no_host_path(message: str, harness: BackendHarness, what: str) -> None:
+    """``message`` names none of the host's paths behind the sandbox: an engine's directories, or
+    what the harness lists as ``host_paths`` (its scratch directories)."""
+    for mark in (*HOST_PATH_MARKS, *getattr(harness, "host_paths", ())):
+        assert mark not in message, f"a path with {what}: the message names {mark!r}: {message[:300]}"
 
 
 async def _read_or_refused(sb: Sandbox, path: str) -> bytes:

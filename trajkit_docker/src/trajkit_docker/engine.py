@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ def translated(action: str) -> Iterator[None]:
     except docker.errors.APIError as exc:
         raise SandboxError(f"docker: {action} failed: {api_message(exc)}") from exc
     except docker.errors.DockerException as exc:
-        raise SandboxError(f"docker: {action} failed: {exc}") from exc
+        raise SandboxError(f"docker: {action} failed: {without_host_paths(str(exc))}") from exc
     except requests.exceptions.RequestException as exc:
         raise SandboxError(
             f"docker: {action} failed, engine unreachable ({engine_address()}): {exc}"
@@ -48,7 +49,40 @@ def api_message(exc: Any) -> str:
     explanation = getattr(exc, "explanation", None)
     if isinstance(explanation, bytes):
         explanation = explanation.decode("utf-8", "replace")
-    return str(explanation or exc).strip()
+    return without_host_paths(str(explanation or exc).strip())
+
+
+# The engine's words name its own host paths: the container's root is a directory of the engine's
+# data root (``/var/lib/docker/overlay2/<id>/merged`` with overlay2, ``.../aufs/mnt/<id>``,
+# ``.../btrfs/subvolumes/<id>``...). A path inside the container follows it.
+_ENGINE_ROOT = re.compile(
+    r"/(?:[^\s/'\"]+/)*(?:overlay2?|aufs|btrfs|zfs|vfs|fuse-overlayfs|devicemapper)/"
+    r"(?:[^\s/'\"]+/)*?[0-9a-f]{12,}(?:-init)?(?:/(?:merged|diff|mnt|rootfs))?(?=/|[\s'\":]|$)"
+)
+_ENGINE_FILES = re.compile(r"/(?:[^\s/'\"]+/)*containers/[0-9a-f]{64}(?=/|[\s'\":]|$)")
+
+
+def without_host_paths(text: str) -> str:
+    """The engine's message with its own host directories cut, leaving paths as the container sees
+    them (``lstat /var/lib/docker/overlay2/ab12.../merged/work/x`` -> ``lstat /work/x``)."""
+    text = _ENGINE_ROOT.sub("", text)
+    return _ENGINE_FILES.sub("<container>", text)
+
+
+def path_error(message: str, path: str) -> OSError | None:
+    """The file error an engine failure about ``path`` stands for (the engine says it only in
+    words, and those words name its host directories, which must not reach the model): told with
+    the sandbox's path alone. None when the failure is no file error."""
+    message = message.lower()
+    if "too many links" in message:
+        return OSError(errno.ELOOP, "too many levels of symbolic links in the sandbox", path)
+    if "not a directory" in message:
+        return NotADirectoryError(errno.ENOTDIR, "a parent is not a directory in the sandbox", path)
+    if "name too long" in message:
+        return OSError(errno.ENAMETOOLONG, "a name in the path is too long for the sandbox", path)
+    if "invalid argument" in message:
+        return OSError(errno.EINVAL, "the sandbox cannot take this path", path)
+    return None
 
 
 def no_such_container(exc: Any) -> bool:
@@ -302,15 +336,9 @@ class Engine:
             return None
         except docker.errors.APIError as exc:
             response.close()
-            # The engine's words name its own host paths (its overlay directories): they must not
-            # reach the model, so a known file error is told with the sandbox's path alone.
-            message = api_message(exc).lower()
-            if "too many links" in message:
-                raise OSError(errno.ELOOP, "too many levels of symbolic links in the sandbox", path) from None
-            if "not a directory" in message:
-                raise NotADirectoryError(
-                    errno.ENOTDIR, "a parent is not a directory in the sandbox", path
-                ) from None
+            file_error = path_error(api_message(exc), path)
+            if file_error is not None:
+                raise file_error from None
             raise
         except BaseException:
             response.close()

@@ -22,10 +22,11 @@ from trajkit.sandbox import (
     Sandbox,
     SandboxError,
     SandboxInfo,
+    check_path,
     read_result,
 )
 from trajkit_docker.archive import pack_file, resolve_link
-from trajkit_docker.engine import Engine, api_message, file_kind, translated
+from trajkit_docker.engine import Engine, api_message, file_kind, path_error, translated
 
 if TYPE_CHECKING:
     from trajkit_docker.backend import DockerBackend
@@ -130,7 +131,9 @@ class DockerSandbox(Sandbox):
         return await self._backend.call(fn, *args)
 
     def _resolve(self, path: str) -> str:
-        return posixpath.normpath(posixpath.join(self.cwd, path))
+        """``path`` absolute in the container; InvalidPath for one the engine would choke on."""
+        check_path(path)
+        return check_path(posixpath.normpath(posixpath.join(self.cwd, path)))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -205,7 +208,7 @@ class DockerSandbox(Sandbox):
                     raise FileNotFoundError(errno.ENOENT, "no such file in the sandbox", target)
                 kind = file_kind(stat)
                 if kind == "symlink":
-                    target = resolve_link(target, str(stat.get("linkTarget") or ""))
+                    target = check_path(resolve_link(target, str(stat.get("linkTarget") or "")))
                     continue
                 _check_kind(kind, target)
                 size = int(stat.get("size", 0))
@@ -281,7 +284,7 @@ class DockerSandbox(Sandbox):
             if kind != "symlink":
                 _check_kind(kind, target)
                 return target
-            target = resolve_link(target, str(stat.get("linkTarget") or ""))
+            target = check_path(resolve_link(target, str(stat.get("linkTarget") or "")))
         raise OSError(errno.ELOOP, "too many levels of symbolic links in the sandbox", target)
 
     async def close(self) -> None:
@@ -414,4 +417,4 @@ def _file_error(exc: Exception, target: str) -> OSError | None:
         return IsADirectoryError(f"is a directory in the sandbox: {target}")
     if "cannot overwrite non-directory" in message or "not a directory" in message:
         return NotADirectoryError(f"a parent is not a directory in the sandbox: {target}")
-    return None
+    return path_error(message, target)

@@ -28,6 +28,7 @@ from trajkit.sandbox import (
     Sandbox,
     SandboxError,
     SandboxInfo,
+    check_path,
     read_result,
 )
 
@@ -297,7 +298,7 @@ class ModalSandbox(Sandbox):
             if info.type.value != "symlink":
                 return target, info
             link = str(info.symlink_target or "")
-            target = posixpath.normpath(posixpath.join(posixpath.dirname(target), link))
+            target = check_path(posixpath.normpath(posixpath.join(posixpath.dirname(target), link)))
         raise OSError(errno.ELOOP, "too many levels of symbolic links in the sandbox", target)
 
     async def _read_in_sandbox(self, target: str, size: int, limit: int) -> bytes:
@@ -345,7 +346,11 @@ class ModalSandbox(Sandbox):
             log.warning("modal: %s (sandbox %s)", reason, getattr(self.handle, "object_id", "?"))
 
     def _resolve(self, path: str) -> str:
-        return posixpath.normpath(path if path.startswith("/") else posixpath.join(self.cwd, path))
+        """``path`` absolute in the sandbox; InvalidPath for one Modal's file API would refuse."""
+        check_path(path)
+        return check_path(
+            posixpath.normpath(path if path.startswith("/") else posixpath.join(self.cwd, path))
+        )
 
     async def _file_call(
         self, call: Awaitable[T], path: str, missing: type[BaseException] | None = None

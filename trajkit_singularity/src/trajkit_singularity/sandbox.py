@@ -33,6 +33,7 @@ from trajkit.sandbox import (
     Sandbox,
     SandboxError,
     SandboxInfo,
+    check_path,
 )
 from trajkit_singularity import scripts
 from trajkit_singularity.engine import Apptainer, kill_tree, spawn
@@ -205,10 +206,12 @@ class SingularitySandbox(Sandbox):
         return ["--silent", "exec", "--cleanenv", "--pwd", self.cwd, f"instance://{self.name}"]
 
     def _resolve(self, path: str) -> str:
-        """``path`` as an absolute, normalised path inside the container."""
+        """``path`` as an absolute, normalised path inside the container; InvalidPath for one that
+        no file system (nor the argv of the in-container programs) can take."""
         if not path:
             raise FileNotFoundError(errno.ENOENT, "empty path")
-        return posixpath.normpath(posixpath.join(self.cwd, path))
+        check_path(path)
+        return check_path(posixpath.normpath(posixpath.join(self.cwd, path)))
 
     def _relative_to_work(self, inside: str) -> list[str] | None:
         """Components of ``inside`` below the working directory, or None if it lies elsewhere."""
