@@ -91,6 +91,9 @@ class TestModalConformance(SandboxConformance):
 
 class LiveHarness:
     image: str | None = os.environ.get("TRAJKIT_MODAL_TEST_IMAGE") or None
+    # Modal's SDK has no setting for a sandbox's user or capabilities: commands run as the image's
+    # user (root in most images), inside gVisor. The privilege cases do not apply.
+    unprivileged = False
 
     def make_backend(self) -> SandboxBackend:
         return ModalBackend({"app": LIVE_APP})

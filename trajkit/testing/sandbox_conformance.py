@@ -31,6 +31,7 @@ from typing import Protocol, TypeVar
 import pytest
 
 from trajkit.sandbox import FileTooLarge, Sandbox, SandboxBackend, SandboxSpec
+from trajkit.testing.privilege_conformance import PrivilegeConformance
 
 T = TypeVar("T")
 
@@ -53,6 +54,8 @@ class BackendHarness(Protocol):
 #     message may name.
 #   isolated (default True): commands cannot see the runner's processes, /proc entries or
 #     environment. Only the local backend's explicit ``isolation=none`` opt-out says False.
+#   unprivileged (default True): commands run as a non-root user without capabilities, so the
+#     privilege cases (trajkit.testing.privilege_conformance) apply.
 #   processes_on_this_host (default True): the sandbox's processes run on this machine's kernel, so
 #     the suite can check from outside that none outlives the sandbox.
 
@@ -69,7 +72,7 @@ HOSTILE_DEADLINE = 30.0
 SPARSE_SIZE = 3 * 1024**3
 
 
-class HostileConformance:
+class HostileConformance(PrivilegeConformance):
     """A hostile model's attempts to leave its sandbox, each of which every backend must stop.
 
     Host files are made in a fresh host directory the sandbox has no business seeing; for container

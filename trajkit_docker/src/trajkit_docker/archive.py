@@ -19,8 +19,9 @@ FILE_MODE = 0o644
 DIR_MODE = 0o755
 
 
-def pack_file(relative_path: str, data: bytes) -> bytes:
-    """A tar holding ``data`` at ``relative_path``, with an entry for each missing parent directory.
+def pack_file(relative_path: str, data: bytes, owner: tuple[int, int] = (0, 0)) -> bytes:
+    """A tar holding ``data`` at ``relative_path``, with an entry for each missing parent directory,
+    all owned by ``owner`` (uid, gid): the sandbox's user, who must be able to change them after.
 
     Directory entries are only included for the components of ``relative_path`` itself: the caller
     extracts at the deepest directory that already exists, so existing directories keep their mode.
@@ -34,11 +35,13 @@ def pack_file(relative_path: str, data: bytes) -> bytes:
             info.type = tarfile.DIRTYPE
             info.mode = DIR_MODE
             info.mtime = now
+            info.uid, info.gid = owner
             tar.addfile(info)
         info = tarfile.TarInfo(relative_path)
         info.size = len(data)
         info.mode = FILE_MODE
         info.mtime = now
+        info.uid, info.gid = owner
         tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
 
@@ -55,7 +58,7 @@ def pack_directory(relative_path: str, mode: int) -> bytes:
     return buffer.getvalue()
 
 
-class _ChunkReader:
+class ChunkReader:
     """A file object reading a stream of chunks in order, holding at most one chunk at a time."""
 
     def __init__(self, chunks: Iterable[bytes]) -> None:
@@ -80,7 +83,7 @@ def stream_entry(chunks: Iterable[bytes], buffer: CappedBuffer) -> None:
     file. Raises :class:`NotARegularFile` when the member is anything else (the path changed since
     its stat was taken).
     """
-    reader = _ChunkReader(chunks)
+    reader = ChunkReader(chunks)
     with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
         member = tar.next()
         if member is None or not member.isfile():

@@ -41,6 +41,7 @@ from trajkit_docker.settings import DockerSettings
 if TYPE_CHECKING:
     from trajkit_docker.engine import ContainerSummary, Engine
     from trajkit_docker.sandbox import DockerSandbox
+    from trajkit_docker.users import SandboxUser
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,7 +52,6 @@ CONTROL_THREADS = 32
 # Tools that the exec wrapper, the killer, KEEPALIVE and large file reads need from the image
 # besides /bin/sh.
 REQUIRED_TOOLS = ("setsid", "kill", "sleep", "mv", "rm", "cat", "head", "tail")
-CHECK_TOOLS = 'for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
 
 # PID 1 of every sandbox. It sleeps in the background and waits, so that it also reaps the orphans
 # left when an exec's process group is killed (zombies would count against pids_limit). Every exec
@@ -91,7 +91,8 @@ class DockerBackend(SandboxBackend):
         self._engine_lock: asyncio.Lock | None = None
         self._executor = ThreadPoolExecutor(CONTROL_THREADS, thread_name_prefix="trajkit-docker")
         self._digests: dict[str, str | None] = {}
-        self._tools_checked: set[str] = set()
+        self._users: dict[str, SandboxUser] = {}
+        """Image -> the user its sandboxes' commands run as, probed in its first sandbox."""
         self._background: set[asyncio.Task[Any]] = set()
         self._owner = owner_tag()
 
@@ -169,6 +170,7 @@ class DockerBackend(SandboxBackend):
     # Sandboxes
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        from trajkit_docker.engine import translated
         from trajkit_docker.sandbox import DockerSandbox
 
         if not spec.image:
@@ -186,28 +188,31 @@ class DockerBackend(SandboxBackend):
         except asyncio.CancelledError:
             self.in_background(self._discard(engine, creation), "removing a container created too late")
             raise
-        if spec.image not in self._tools_checked:
-            await self._check_tools(engine, container_id, spec.image)
-        info = SandboxInfo(self.name, spec.image, self._digests.get(spec.image))
-        return DockerSandbox(self, engine, container_id, cwd, info)
-
-    async def _check_tools(self, engine: Engine, container_id: str, image: str) -> None:
-        """Once per image: refuse images that lack what timeouts and cleanup depend on."""
-        from trajkit_docker.engine import translated
-
-        argv = ["/bin/sh", "-c", CHECK_TOOLS, "trajkit-check", *REQUIRED_TOOLS]
         try:
-            with translated(f"checking the tools of {image!r}"):
-                _, missing = await self.call(engine.run_helper, container_id, argv)
-            if missing.split():
-                raise ImageUnavailable(
-                    f"image {image!r} lacks {', '.join(missing.split())}, which the docker backend needs "
-                    "to enforce timeouts (BusyBox or coreutils/util-linux provide them)"
-                )
+            user = await self._user(engine, container_id, spec.image)
+            if not user.root and cwd != "/":
+                with translated(f"handing {cwd} over to the sandbox's user"):
+                    await self.call(engine.hand_over, container_id, cwd, user.uid, user.gid)
         except BaseException:
-            await self.call(engine.remove_container, container_id)
+            await asyncio.shield(self.call(engine.remove_container, container_id))
             raise
-        self._tools_checked.add(image)
+        info = SandboxInfo(self.name, spec.image, self._digests.get(spec.image))
+        return DockerSandbox(self, engine, container_id, cwd, info, user)
+
+    async def _user(self, engine: Engine, container_id: str, image: str) -> SandboxUser:
+        """Who commands of ``image`` run as; probed once per image in its first sandbox, which also
+        refuses images that lack what timeouts and cleanup depend on."""
+        from trajkit_docker.engine import translated
+        from trajkit_docker.users import PROBE, commands_user, probed_user
+
+        if image not in self._users:
+            image_user = await self.call(engine.image_user, image)
+            name = commands_user(self.settings.user, image_user)
+            argv = ["/bin/sh", "-c", PROBE, "trajkit-check", *REQUIRED_TOOLS]
+            with translated(f"checking the tools of {image!r}"):
+                _, output = await self.call(engine.run_helper, container_id, argv, name)
+            self._users[image] = probed_user(name, image, output)
+        return self._users[image]
 
     async def _create_container(
         self, engine: Engine, image: str, command: list[str], config: Mapping[str, Any]
@@ -242,7 +247,9 @@ class DockerBackend(SandboxBackend):
         await self.call(engine.remove_container, container_id)
 
     def _container_config(self, spec: SandboxSpec, cwd: str, lifetime: int) -> dict[str, Any]:
-        """Arguments for the engine's create call: labels, working dir, network and limits."""
+        """Arguments for the engine's create call: labels, working dir, user, network and limits."""
+        from trajkit_docker.users import keeper_user
+
         labels = {
             "trajkit": "1",
             "trajkit.run": spec.run_id,
@@ -250,7 +257,14 @@ class DockerBackend(SandboxBackend):
             "trajkit.owner": self._owner,
             "trajkit.deadline": str(int(time.time()) + lifetime),
         }
-        host: dict[str, Any] = {"auto_remove": True, "network_mode": self.settings.network}
+        # Nothing in the container keeps a capability or can gain one (setuid binaries, file
+        # capabilities), whoever it runs as.
+        host: dict[str, Any] = {
+            "auto_remove": True,
+            "network_mode": self.settings.network,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+        }
         if self.settings.cpus is not None:
             host["nano_cpus"] = int(self.settings.cpus * 1e9)
         if self.settings.memory is not None:
@@ -264,6 +278,7 @@ class DockerBackend(SandboxBackend):
             "working_dir": cwd,
             "environment": dict(spec.env),
             "name": container_name(spec),
+            "user": keeper_user(self.settings.user),
         }
         return {"host": host, "container": container}
 

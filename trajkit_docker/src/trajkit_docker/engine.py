@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import posixpath
 import re
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,6 +24,8 @@ from trajkit_docker.archive import stream_entry
 
 POOL_SIZE = 128
 """Connections kept to the engine; each running exec holds one for as long as it streams."""
+HAND_OVER_SPOOL = 4 * 1024 * 1024
+"""Bytes of a working directory's rewritten archive held in memory; more goes to a temporary file."""
 REMOVE_WAIT = 15.0
 """Seconds to wait for a removal that the engine reports as already in progress."""
 
@@ -225,7 +229,10 @@ class Engine:
 
     # Exec
 
-    def exec_create(self, container_id: str, argv: Sequence[str], env: Mapping[str, str]) -> str:
+    def exec_create(
+        self, container_id: str, argv: Sequence[str], env: Mapping[str, str], user: str | None = None
+    ) -> str:
+        """An exec of ``argv`` as ``user`` (None: the container's own user), not started yet."""
         created = self.api.exec_create(
             container_id,
             list(argv),
@@ -234,6 +241,7 @@ class Engine:
             stdin=False,
             tty=False,
             environment=[f"{key}={value}" for key, value in env.items()],
+            user=user or "",
         )
         return str(created["Id"])
 
@@ -252,9 +260,9 @@ class Engine:
                 raise SandboxError("docker: exec ended its output but the engine reports no exit code")
             time.sleep(0.02)
 
-    def run_helper(self, container_id: str, argv: Sequence[str]) -> tuple[int, str]:
-        """Run a short helper command to completion; its exit code and stdout."""
-        exec_id = self.exec_create(container_id, argv, {})
+    def run_helper(self, container_id: str, argv: Sequence[str], user: str | None = None) -> tuple[int, str]:
+        """Run a short helper command to completion, as ``user``; its exit code and stdout."""
+        exec_id = self.exec_create(container_id, argv, {}, user)
         stdout, _ = self.api.exec_start(exec_id, demux=True)
         return self.exec_exit_code(exec_id), (stdout or b"").decode("utf-8", "replace")
 
@@ -276,6 +284,29 @@ class Engine:
         except docker.errors.NotFound:
             return False
         return True
+
+    def hand_over(self, container_id: str, directory: str, uid: int, gid: int) -> None:
+        """Make ``directory`` and everything in it belong to ``uid:gid``: its archive goes out and
+        back in with the owners rewritten. The engine holds the container locked while an archive
+        streams out, so the rewritten one is spooled (to disk past :data:`HAND_OVER_SPOOL` bytes)
+        before it goes back in."""
+        from trajkit_docker.users import write_owned_by
+
+        archive = self.open_archive(container_id, directory)
+        if archive is None:
+            raise SandboxError(f"docker: the working directory {directory} is missing from the container")
+        url = self.api._url("/containers/{0}/archive", container_id)
+        params = {"path": posixpath.dirname(directory), "noOverwriteDirNonDir": "true"}
+        with tempfile.SpooledTemporaryFile(HAND_OVER_SPOOL, prefix="trajkit-hand-over-") as spool:
+            with contextlib.closing(archive):
+                write_owned_by(archive.chunks(), uid, gid, spool)  # type: ignore[arg-type]
+            spool.seek(0)
+            self.api._raise_for_status(self.api._put(url, params=params, data=spool))
+
+    def image_user(self, image: str) -> str:
+        """The user the image names (its ``USER``), ``""`` when none."""
+        with translated(f"inspecting image {image!r}"):
+            return str((self.api.inspect_image(image).get("Config") or {}).get("User") or "")
 
     def read_file(self, container_id: str, path: str, limit: int) -> FileRead | None:
         """The stat of ``path`` and, for a regular file, its whole tar entry streamed into a buffer

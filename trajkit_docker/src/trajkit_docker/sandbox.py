@@ -30,6 +30,7 @@ from trajkit_docker.engine import Engine, api_message, file_kind, path_error, tr
 
 if TYPE_CHECKING:
     from trajkit_docker.backend import DockerBackend
+    from trajkit_docker.users import SandboxUser
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -49,8 +50,9 @@ FILE_TIMEOUT = 60.0
 # Kills, by SIGKILL, every process of the container that descends from its PID 1 other than PID 1
 # itself: what a command left running in a session of its own (`setsid daemon &`) is reparented to
 # PID 1 when its shell exits, whereas every exec the engine runs (this one, a concurrent one, a
-# killer) has a parent outside the container's PID namespace, so a parent pid of 0. PID 1's own
-# `sleep` may be killed too; PID 1 then starts another. Victims are stopped before they are killed so
+# killer) has a parent outside the container's PID namespace, so a parent pid of 0. Only processes
+# it may signal count (`kill -0`): PID 1 and its `sleep` run as a user of their own unless
+# docker.user=image, in which case the `sleep` may be killed too and PID 1 starts another. Victims are stopped before they are killed so
 # that none sees another die, and the sweep repeats because a victim may fork while it runs.
 SWEEP_ORPHANS = """\
 sweep_orphans() {
@@ -66,7 +68,7 @@ sweep_orphans() {
                 if [ "$sweep_at" = "$sweep_pid" ] && [ "$1" = Z ]; then sweep_top=; break; fi
                 sweep_top=$sweep_at sweep_at=$2
             done
-            [ "$sweep_top" = 1 ] && sweep_victims="$sweep_victims $sweep_pid"
+            [ "$sweep_top" = 1 ] && kill -0 "$sweep_pid" 2>/dev/null && sweep_victims="$sweep_victims $sweep_pid"
         done
         [ -n "$sweep_victims" ] || return 0
         kill -STOP $sweep_victims 2>/dev/null
@@ -113,13 +115,22 @@ while [ ! -s "$f" ] && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i+1)); done
 
 class DockerSandbox(Sandbox):
     def __init__(
-        self, backend: DockerBackend, engine: Engine, container_id: str, cwd: str, info: SandboxInfo
+        self,
+        backend: DockerBackend,
+        engine: Engine,
+        container_id: str,
+        cwd: str,
+        info: SandboxInfo,
+        user: SandboxUser,
     ) -> None:
         self._backend = backend
         self._engine = engine
         self.container_id = container_id
         self.cwd = cwd
         self.info = info
+        self.user = user
+        """Who commands run as and files belong to (see :mod:`trajkit_docker.users`)."""
+        self._home = {"HOME": user.home} if user.home else {}
         self._closed = False
         self._files = asyncio.Lock()
         """One archive request at a time: the engine's mounts for concurrent ones race."""
@@ -150,7 +161,9 @@ class DockerSandbox(Sandbox):
         self._check_open()
         token = uuid.uuid4().hex
         argv = ["/bin/sh", "-c", EXEC_WRAPPER, "trajkit-exec", token, command, self.cwd]
-        run = ExecRun(self._engine, self.container_id, argv, env or {}, output_cap)
+        run = ExecRun(
+            self._engine, self.container_id, argv, {**self._home, **(env or {})}, output_cap, self.user.name
+        )
         finished = run.start(asyncio.get_running_loop())
         try:
             exit_code = await asyncio.wait_for(asyncio.shield(finished), timeout)
@@ -167,7 +180,8 @@ class DockerSandbox(Sandbox):
     def _start_killer(self, token: str) -> asyncio.Task[tuple[int, str]]:
         argv = ["/bin/sh", "-c", EXEC_KILLER, "trajkit-kill", token]
         return self._backend.in_background(
-            self._call(self._engine.run_helper, self.container_id, argv), "killing an exec's process group"
+            self._call(self._engine.run_helper, self.container_id, argv, self.user.name),
+            "killing an exec's process group",
         )
 
     async def _kill_and_drain(self, run: ExecRun, finished: asyncio.Future[int], token: str) -> None:
@@ -228,7 +242,7 @@ class DockerSandbox(Sandbox):
     async def _in_container(self, argv: list[str], target: str) -> bytes:
         """The output of a short reading command (``head -c N``), at most N bytes of it kept."""
         cap = int(argv[2])
-        run = ExecRun(self._engine, self.container_id, argv, {}, cap)
+        run = ExecRun(self._engine, self.container_id, argv, {}, cap, self.user.name)
         finished = run.start(asyncio.get_running_loop())
         try:
             exit_code = await asyncio.wait_for(asyncio.shield(finished), FILE_TIMEOUT)
@@ -259,9 +273,8 @@ class DockerSandbox(Sandbox):
             relative = posixpath.relpath(target, directory)
             with translated(f"writing {target!r}"):
                 try:
-                    done = await self._call(
-                        self._engine.put_archive, self.container_id, directory, pack_file(relative, data)
-                    )
+                    archive = pack_file(relative, data, (self.user.uid, self.user.gid))
+                    done = await self._call(self._engine.put_archive, self.container_id, directory, archive)
                 except Exception as exc:
                     file_error = _file_error(exc, target)
                     if file_error is None:
@@ -310,11 +323,13 @@ class ExecRun:
         argv: Sequence[str],
         env: Mapping[str, str],
         output_cap: int,
+        user: str | None,
     ) -> None:
         self._engine = engine
         self._container_id = container_id
         self._argv = list(argv)
         self._env = dict(env)
+        self._user = user
         self.stdout = CappedBuffer(output_cap)
         self.stderr = CappedBuffer(output_cap)
         self._stream: Any = None
@@ -356,7 +371,7 @@ class ExecRun:
 
     def _pump(self) -> int:
         with translated("running a command"):
-            exec_id = self._engine.exec_create(self._container_id, self._argv, self._env)
+            exec_id = self._engine.exec_create(self._container_id, self._argv, self._env, self._user)
             stream = self._engine.exec_stream(exec_id)
             with self._lock:
                 self._stream = stream

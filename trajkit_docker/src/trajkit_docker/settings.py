@@ -2,17 +2,34 @@
 
 Values arrive as text from the command line or typed from a configuration file; a typo or a bad
 value stops the run before any model call rather than surfacing as an engine error in the middle of
-it. Safe by default: no network, 4 GiB of memory (swap included) and 1024 processes per container.
+it. Safe by default: no network, 4 GiB of memory (swap included) and 1024 processes per container,
+and nothing in it keeps a privilege: no capability, ``no-new-privileges``, a non-root user.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
 from trajkit.sandbox import ByteLimit, CountLimit, lowered
 from trajkit.settings import StrictSettings
+
+DEFAULT_USER = "1000:1000"
+"""Who commands run as when the image names no user but root (``user=auto``)."""
+KEEPER_USER = "65534:65534"
+"""Who the container's first process (which only waits) runs as, unless ``user=image``: another
+user than the commands', so that they can neither signal nor read it."""
+_USER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*(:[A-Za-z0-9_.][A-Za-z0-9_.-]*)?$")
+
+
+def user_choice(value: str) -> str:
+    if value.lower() in ("auto", "image"):
+        return value.lower()
+    if not _USER.match(value):
+        raise ValueError(f"{value!r} is no user: expected auto, image, or USER[:GROUP] (names or numbers)")
+    return value
 
 
 class DockerSettings(StrictSettings):
@@ -35,6 +52,13 @@ class DockerSettings(StrictSettings):
         gt=0,
         description="processes a container may hold at once, so a fork bomb fills its own container "
         "and not the machine; none lifts it",
+    )
+    user: Annotated[str, AfterValidator(user_choice)] = Field(
+        "auto",
+        description=f"who commands run as: auto (the image's own user when it names one other than "
+        f"root, else {DEFAULT_USER}, with the working directory handed to that user); image (the "
+        f"image's own user, root for most images: the explicit opt-out); or USER[:GROUP]. Whoever "
+        f"it is, commands keep no capability and cannot gain one (no-new-privileges)",
     )
     pull: Annotated[Literal["missing", "always", "never"], BeforeValidator(lowered)] = Field(
         "missing",
