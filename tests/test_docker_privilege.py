@@ -150,6 +150,30 @@ def test_the_working_directory_and_the_image_s_project_are_handed_to_the_user(
 
 
 @pytest.mark.engine("docker")
+def test_working_directories_the_image_leaves_empty_are_handed_over_in_fewer_requests() -> None:
+    """After the first sandbox of an image shows a working directory empty, later ones hand it over
+    with one directory entry (at the root, in the request that makes the state directory)."""
+
+    async def body() -> list[str]:
+        backend = make_backend(pull="never")
+        seen = []
+        try:
+            for cwd in ("/srv/new", "/srv/new", "/srv/new", "/top", "/top", "/top"):
+                sandbox = await backend.create(spec(cwd=cwd))
+                try:
+                    result = await sandbox.exec("stat -c '%u:%g %a' . && touch made && ls", timeout=30)
+                    seen.append(result.stdout)
+                finally:
+                    await sandbox.close()
+            assert set(backend._empty_dirs.values()) == {0o755}
+        finally:
+            await backend.aclose()
+        return seen
+
+    assert asyncio.run(body()) == ["1000:1000 755\nmade\n"] * 6
+
+
+@pytest.mark.engine("docker")
 def test_an_image_s_own_user_runs_the_commands(user_image: str) -> None:
     [who] = in_sandbox(user_image, [f"{IDS}; echo $HOME; touch $HOME/ok && stat -c %u ."])
     assert who.splitlines() == [

@@ -357,7 +357,8 @@ def test_writes_outside_the_working_directory_stay_in_the_sandbox(
     apptainer: None, cache_dir: Path, writable: str
 ) -> None:
     async def body() -> None:
-        backend = make_backend(cache_dir, writable=writable)
+        # As root (user=caller), which may write in /usr: where such writes land is what is tested.
+        backend = make_backend(cache_dir, writable=writable, user="caller")
         first, second = await backend.create(spec()), await backend.create(spec())
         try:
             result = await first.exec(
@@ -391,7 +392,8 @@ def test_network_is_loopback_only_by_default(apptainer: None, cache_dir: Path) -
 @pytest.mark.engine("apptainer")
 def test_files_outside_the_working_directory_and_through_symlinks(apptainer: None, cache_dir: Path) -> None:
     async def body() -> None:
-        backend = make_backend(cache_dir)
+        # As root (user=caller), which may write in /opt and /etc: the paths' handling is what is tested.
+        backend = make_backend(cache_dir, user="caller")
         sb = await backend.create(spec())
         try:
             await sb.write_file("/opt/deep/dir/data.bin", b"\0\1\2")
@@ -528,25 +530,25 @@ def test_reads_in_the_container_are_capped_and_refuse_what_is_not_a_file(
         sb = await backend.create(spec())
         try:
             made = await sb.exec(
-                "printf HEAD > /opt/huge && dd if=/dev/zero of=/opt/huge bs=1 count=0 seek=3G 2>/dev/null"
-                " && printf TAIL >> /opt/huge && mkfifo /opt/fifo && echo made",
+                "printf HEAD > /tmp/huge && dd if=/dev/zero of=/tmp/huge bs=1 count=0 seek=3G 2>/dev/null"
+                " && printf TAIL >> /tmp/huge && mkfifo /tmp/fifo && echo made",
                 timeout=60,
             )
             assert "made" in made.stdout, made
             with pytest.raises(FileTooLarge) as caught:
-                await sb.read_file("/opt/huge", limit=65536)
+                await sb.read_file("/tmp/huge", limit=65536)
             assert caught.value.size == 3 * 1024**3 + 4
             assert caught.value.head.startswith(b"HEAD") and caught.value.tail.endswith(b"TAIL")
             assert len(caught.value.head) + len(caught.value.tail) == 65536
-            for path in ("/opt/fifo", "/dev/zero"):
+            for path in ("/tmp/fifo", "/dev/zero"):
                 with pytest.raises(NotARegularFile):
                     await asyncio.wait_for(sb.read_file(path), 30)
             with pytest.raises(NotARegularFile):
-                await asyncio.wait_for(sb.write_file("/opt/fifo", b"x"), 30)
-            await sb.exec("printf 0123456789 > /opt/ten", timeout=30)
-            assert await sb.read_file("/opt/ten", limit=10) == b"0123456789"
+                await asyncio.wait_for(sb.write_file("/tmp/fifo", b"x"), 30)
+            await sb.exec("printf 0123456789 > /tmp/ten", timeout=30)
+            assert await sb.read_file("/tmp/ten", limit=10) == b"0123456789"
             with pytest.raises(FileTooLarge) as small:
-                await sb.read_file("/opt/ten", limit=9)
+                await sb.read_file("/tmp/ten", limit=9)
             assert (small.value.size, small.value.head, small.value.tail) == (10, b"0123", b"56789")
         finally:
             await sb.close()

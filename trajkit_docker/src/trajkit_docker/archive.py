@@ -46,15 +46,18 @@ def pack_file(relative_path: str, data: bytes, owner: tuple[int, int] = (0, 0)) 
     return buffer.getvalue()
 
 
-def pack_directory(relative_path: str, mode: int) -> bytes:
-    """A tar holding one empty directory (extracted where it does not exist yet)."""
+def pack_directories(*entries: tuple[str, int, tuple[int, int]]) -> bytes:
+    """A tar holding directories, each ``(relative path, mode, (uid, gid))``: made where they do not
+    exist yet, given that mode and owner where they do."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        info = tarfile.TarInfo(relative_path)
-        info.type = tarfile.DIRTYPE
-        info.mode = mode
-        info.mtime = time.time()
-        tar.addfile(info)
+        for relative_path, mode, owner in entries:
+            info = tarfile.TarInfo(relative_path)
+            info.type = tarfile.DIRTYPE
+            info.mode = mode
+            info.mtime = time.time()
+            info.uid, info.gid = owner
+            tar.addfile(info)
     return buffer.getvalue()
 
 

@@ -93,6 +93,9 @@ class DockerBackend(SandboxBackend):
         self._digests: dict[str, str | None] = {}
         self._users: dict[str, SandboxUser] = {}
         """Image -> the user its sandboxes' commands run as, probed in its first sandbox."""
+        self._empty_dirs: dict[tuple[str, str], int] = {}
+        """(image, working directory) -> the directory's mode, for those the image leaves empty: a
+        sandbox hands them over with one directory entry rather than an archive out and back."""
         self._background: set[asyncio.Task[Any]] = set()
         self._owner = owner_tag()
 
@@ -182,7 +185,8 @@ class DockerBackend(SandboxBackend):
         lifetime = max(1, math.ceil(spec.lifetime))
         config = self._container_config(spec, cwd, lifetime)
         command = ["/bin/sh", "-c", KEEPALIVE, "trajkit-sandbox", str(lifetime)]
-        creation = asyncio.ensure_future(self._create_container(engine, spec.image, command, config))
+        files = self._directories_at_start(spec.image, cwd)
+        creation = asyncio.ensure_future(self._create_container(engine, spec.image, command, config, files))
         try:
             container_id = await asyncio.shield(creation)
         except asyncio.CancelledError:
@@ -190,14 +194,37 @@ class DockerBackend(SandboxBackend):
             raise
         try:
             user = await self._user(engine, container_id, spec.image)
-            if not user.root and cwd != "/":
+            if not user.root and cwd != "/" and not files:
                 with translated(f"handing {cwd} over to the sandbox's user"):
-                    await self.call(engine.hand_over, container_id, cwd, user.uid, user.gid)
+                    await self._hand_over(engine, container_id, spec.image, cwd, user)
         except BaseException:
             await asyncio.shield(self.call(engine.remove_container, container_id))
             raise
         info = SandboxInfo(self.name, spec.image, self._digests.get(spec.image))
         return DockerSandbox(self, engine, container_id, cwd, info, user)
+
+    def _directories_at_start(self, image: str, cwd: str) -> list[tuple[str, int, tuple[int, int]]]:
+        """The working directory, handed over in the request that makes the state directory, when the
+        image is known to leave it empty and it sits at the root (the default, /work)."""
+        known, mode = self._users.get(image), self._empty_dirs.get((image, cwd))
+        if known is None or known.root or mode is None or cwd == "/" or posixpath.dirname(cwd) != "/":
+            return []
+        return [(cwd.lstrip("/"), mode, (known.uid, known.gid))]
+
+    async def _hand_over(
+        self, engine: Engine, container_id: str, image: str, cwd: str, user: SandboxUser
+    ) -> None:
+        """Give the working directory, and whatever the image put there, to the commands' user."""
+        from trajkit_docker.archive import pack_directories
+
+        mode = self._empty_dirs.get((image, cwd))
+        if mode is None:
+            empty_mode = await self.call(engine.hand_over, container_id, cwd, user.uid, user.gid)
+            if empty_mode is not None:
+                self._empty_dirs[(image, cwd)] = empty_mode
+            return
+        entry = pack_directories((posixpath.basename(cwd), mode, (user.uid, user.gid)))
+        await self.call(engine.put_archive, container_id, posixpath.dirname(cwd), entry)
 
     async def _user(self, engine: Engine, container_id: str, image: str) -> SandboxUser:
         """Who commands of ``image`` run as; probed once per image in its first sandbox, which also
@@ -215,19 +242,26 @@ class DockerBackend(SandboxBackend):
         return self._users[image]
 
     async def _create_container(
-        self, engine: Engine, image: str, command: list[str], config: Mapping[str, Any]
+        self,
+        engine: Engine,
+        image: str,
+        command: list[str],
+        config: Mapping[str, Any],
+        directories: list[tuple[str, int, tuple[int, int]]],
     ) -> str:
+        """Create and start the container, with the state directory and ``directories`` (relative
+        to the root: path, mode, owner) made in it."""
         import docker.errors
 
-        from trajkit_docker.archive import pack_directory
+        from trajkit_docker.archive import pack_directories
         from trajkit_docker.engine import api_message, translated
         from trajkit_docker.sandbox import STATE_DIR
 
-        state_dir = pack_directory(STATE_DIR.lstrip("/"), 0o1777)
+        files = pack_directories((STATE_DIR.lstrip("/"), 0o1777, (0, 0)), *directories)
         with translated(f"starting a container from {image!r}"):
             try:
                 return await self.call(
-                    engine.create_container, image=image, command=command, config=config, files=state_dir
+                    engine.create_container, image=image, command=command, config=config, files=files
                 )
             except docker.errors.ImageNotFound as exc:
                 raise ImageUnavailable(f"image {image!r} is not present on the engine") from exc

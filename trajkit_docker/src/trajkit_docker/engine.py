@@ -285,11 +285,11 @@ class Engine:
             return False
         return True
 
-    def hand_over(self, container_id: str, directory: str, uid: int, gid: int) -> None:
+    def hand_over(self, container_id: str, directory: str, uid: int, gid: int) -> int | None:
         """Make ``directory`` and everything in it belong to ``uid:gid``: its archive goes out and
         back in with the owners rewritten. The engine holds the container locked while an archive
         streams out, so the rewritten one is spooled (to disk past :data:`HAND_OVER_SPOOL` bytes)
-        before it goes back in."""
+        before it goes back in. The directory's mode when it held nothing, else None."""
         from trajkit_docker.users import write_owned_by
 
         archive = self.open_archive(container_id, directory)
@@ -299,9 +299,10 @@ class Engine:
         params = {"path": posixpath.dirname(directory), "noOverwriteDirNonDir": "true"}
         with tempfile.SpooledTemporaryFile(HAND_OVER_SPOOL, prefix="trajkit-hand-over-") as spool:
             with contextlib.closing(archive):
-                write_owned_by(archive.chunks(), uid, gid, spool)  # type: ignore[arg-type]
+                empty_mode = write_owned_by(archive.chunks(), uid, gid, spool)  # type: ignore[arg-type]
             spool.seek(0)
             self.api._raise_for_status(self.api._put(url, params=params, data=spool))
+        return empty_mode
 
     def image_user(self, image: str) -> str:
         """The user the image names (its ``USER``), ``""`` when none."""

@@ -95,11 +95,13 @@ def probed_user(name: str | None, image: str, output: str) -> SandboxUser:
     return SandboxUser(name, int(ids[0]), int(ids[1]), None if "home" in facts else FALLBACK_HOME)
 
 
-def write_owned_by(chunks: Iterable[bytes], uid: int, gid: int, target: BinaryIO) -> None:
-    """Write the tar stream ``chunks`` to ``target`` with every entry's owner set to ``uid:gid``.
+def write_owned_by(chunks: Iterable[bytes], uid: int, gid: int, target: BinaryIO) -> int | None:
+    """Write the tar stream of a directory, ``chunks``, to ``target`` with every entry's owner set
+    to ``uid:gid``; the directory's mode when it was empty, else None.
 
     Entry by entry, so memory stays at a piece of one file however large the directory is.
     """
+    entries, mode = 0, None
     with (
         tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as source,  # type: ignore[call-overload]
         tarfile.open(fileobj=target, mode="w|", format=tarfile.PAX_FORMAT) as rewritten,
@@ -107,3 +109,5 @@ def write_owned_by(chunks: Iterable[bytes], uid: int, gid: int, target: BinaryIO
         for member in source:
             member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
             rewritten.addfile(member, source.extractfile(member) if member.isfile() else None)
+            entries, mode = entries + 1, member.mode & 0o7777 if entries == 0 else None
+    return mode if entries == 1 else None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import posixpath
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 
     from trajkit_singularity.engine import Apptainer, CliResult
     from trajkit_singularity.instances import InstanceState
+    from trajkit_singularity.users import Confinement, Switch
 
 log = logging.getLogger(__name__)
 INSPECT_TIMEOUT = 60.0
@@ -62,6 +64,8 @@ class ResolvedImage(NamedTuple):  # not a dataclass: making one costs 0.7 ms at 
     path: Path
     """What ``instance start`` is given: a SIF file or a sandbox directory."""
     digest: str | None
+    switch: Switch | None
+    """How its commands become an unprivileged user, when trajkit runs as root (else None)."""
 
 
 class SingularityBackend(SandboxBackend):
@@ -84,6 +88,9 @@ class SingularityBackend(SandboxBackend):
         self._programs: Path | None = None
         self._limits_usable = True
         """False once an instance start showed that the engine cannot apply cgroup limits here."""
+        self._seccomp_usable = True
+        """False once an instance start showed that the engine cannot apply a seccomp filter."""
+        self._said_root = False
 
     @property
     def engine(self) -> Apptainer:
@@ -117,7 +124,6 @@ class SingularityBackend(SandboxBackend):
         return (await self._resolve(image)).digest
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
-        from trajkit_singularity import scripts
         from trajkit_singularity.instances import InstanceState, instance_name, start_watchdog
         from trajkit_singularity.sandbox import SingularitySandbox
 
@@ -129,18 +135,20 @@ class SingularityBackend(SandboxBackend):
         image = await self._resolve(spec.image)
         cwd = _container_cwd(spec.cwd)
         engine = self.engine
-        if self._programs is None:
-            self._programs = await asyncio.to_thread(scripts.install, self.settings.cache_dir)
+        programs = await self._programs_dir()
         state = InstanceState.new(
             instance_name(spec.run_id, spec.work_id), spec.run_id, spec.work_id, spec.image, spec.lifetime
         )
         directory = self.settings.scratch_dir / state.name
-        await asyncio.to_thread(_prepare_directory, directory, state)
+        confinement = self._confinement(image.switch, programs)
+        await asyncio.to_thread(_prepare_directory, directory, state, confinement.owner)
         started = False
         watchdog: subprocess.Popen[bytes] | None = None
         try:
             async with self._starts():
-                await self._start_instance(state.name, image.path, directory, cwd, self._programs)
+                confinement = await self._start_instance(
+                    state.name, image.path, directory, cwd, programs, confinement
+                )
             started = True
             watchdog = await asyncio.to_thread(
                 start_watchdog, spec.lifetime, engine.binary, state.name, directory, engine.env
@@ -158,7 +166,30 @@ class SingularityBackend(SandboxBackend):
             cwd=cwd,
             env=spec.env,
             info=SandboxInfo(backend=self.name, image=spec.image, digest=image.digest),
+            confinement=confinement,
         )
+
+    async def _programs_dir(self) -> Path:
+        from trajkit_singularity import scripts
+
+        if self._programs is None:
+            self._programs = await asyncio.to_thread(scripts.install, self.settings.cache_dir)
+        return self._programs
+
+    def _confinement(self, switch: Switch | None, programs: Path) -> Confinement:
+        from trajkit_singularity import scripts
+        from trajkit_singularity.users import Confinement, caller_is_root
+
+        root = caller_is_root()
+        seccomp = str(programs / scripts.SECCOMP_FILE) if root and self._seccomp_usable else None
+        if root and switch is None and not self._said_root:
+            self._said_root = True
+            log.warning(
+                "singularity.user=caller: sandbox commands run as root (without capabilities, with a "
+                "read-only /proc/sys), and root still owns parts of the host's /sys and /proc; run "
+                "trajkit as an ordinary user or use singularity.user=auto to have them run as user 65534"
+            )
+        return Confinement(switch=switch, seccomp=seccomp, root=root)
 
     async def reap(self, run_id: str | None = None) -> int:
         """Remove the sandboxes under this backend's scratch root whose run is ``run_id``, whose owner
@@ -202,8 +233,33 @@ class SingularityBackend(SandboxBackend):
                 digest = None
                 if path.is_file():
                     digest = await asyncio.to_thread(images.sif_digest, path, self.settings.cache_dir)
-                self._resolved[image] = ResolvedImage(path, digest)
+                self._resolved[image] = ResolvedImage(path, digest, await self._switch(image, path))
             return self._resolved[image]
+
+    async def _switch(self, image: str, path: Path) -> Switch | None:
+        """How ``image``'s commands become user 65534 when trajkit runs as root: probed once, by
+        trying it (see :mod:`trajkit_singularity.users`). None when there is nothing to switch."""
+        from trajkit_singularity import scripts
+        from trajkit_singularity.engine import CliTimeout
+        from trajkit_singularity.users import SWITCH_CAPS, caller_is_root, no_switch, probed_switch
+
+        if self.settings.user == "caller" or not caller_is_root():
+            return None
+        programs = await self._programs_dir()
+        try:
+            result = await self._engine_for(path).run(
+                "--silent", "exec", "--containall", "--no-home", "--no-privs", "--add-caps", SWITCH_CAPS,
+                "--bind", f"{programs}:{scripts.MOUNT}:ro", str(path), *scripts.program("probe"),
+                timeout=INSPECT_TIMEOUT,
+            )  # fmt: skip
+        except CliTimeout as error:
+            raise ImageUnavailable(f"{image}: {error}") from error
+        switch = probed_switch(
+            image, result.returncode, result.stdout.decode("utf-8", "replace"), result.reason()
+        )
+        if switch is None:
+            raise no_switch(image)
+        return switch
 
     async def _check_local(self, image: str, path: Path) -> None:
         from trajkit_singularity import images
@@ -279,8 +335,10 @@ class SingularityBackend(SandboxBackend):
             yield
 
     async def _start_instance(
-        self, name: str, image: Path, directory: Path, cwd: str, programs: Path
-    ) -> None:
+        self, name: str, image: Path, directory: Path, cwd: str, programs: Path, confinement: Confinement
+    ) -> Confinement:
+        """Start the instance; the confinement it runs with (without the seccomp filter when the
+        engine showed it cannot apply one: the run says so once)."""
         from trajkit_singularity import scripts
 
         settings = self.settings
@@ -290,10 +348,15 @@ class SingularityBackend(SandboxBackend):
             if settings.writable == "tmpfs"
             else ["--overlay", str(directory / "overlay")]
         )
+        start = ["instance", "start", "--containall", "--no-home", *confinement.start_options()]
         args = [
-            "instance", "start", "--containall", "--no-home", *network, *writable,
+            *start, *network, *writable,
             "--bind", f"{directory / 'work'}:{cwd}", "--bind", f"{programs}:{scripts.MOUNT}:ro", str(image), name,
         ]  # fmt: skip
+        if confinement.seccomp and not self._seccomp_usable:
+            return await self._start_instance(
+                name, image, directory, cwd, programs, dataclasses.replace(confinement, seccomp=None)
+            )
         limits = self._limit_options()
         result = await self._run_start(name, [*args[:2], *limits, *args[2:]], image)
         if not result.ok and limits and _cgroups_unusable(result) and not settings.limits_required:
@@ -307,8 +370,20 @@ class SingularityBackend(SandboxBackend):
                     result.reason(),
                 )
             result = await self._run_start(name, args, image)
+        if not result.ok and confinement.seccomp and _seccomp_unusable(result):
+            if self._seccomp_usable:
+                self._seccomp_usable = False
+                log.warning(
+                    "apptainer cannot apply a seccomp filter here (%s); sandboxes run without it, so "
+                    "their commands may make user namespaces",
+                    result.reason(),
+                )
+            return await self._start_instance(
+                name, image, directory, cwd, programs, dataclasses.replace(confinement, seccomp=None)
+            )
         if not result.ok:
             raise SandboxError(f"cannot start an instance of {image}: {result.reason()}")
+        return confinement
 
     def _limit_options(self) -> list[str]:
         """``--memory`` and ``--pids-limit`` as configured, unless the engine showed it cannot."""
@@ -348,6 +423,11 @@ class SingularityBackend(SandboxBackend):
         await asyncio.to_thread(remove_tree, directory)
 
 
+def _seccomp_unusable(result: CliResult) -> bool:
+    """Whether an instance start failed because the engine has no seccomp support."""
+    return "seccomp" in result.stderr.decode("utf-8", "replace").lower()
+
+
 def _cgroups_unusable(result: CliResult) -> bool:
     """Whether an instance start failed because the engine could not set up cgroups for its limits."""
     return "cgroup" in result.stderr.decode("utf-8", "replace").lower()
@@ -361,11 +441,14 @@ def _container_cwd(cwd: str | None) -> str:
     return path
 
 
-def _prepare_directory(directory: Path, state: InstanceState) -> None:
+def _prepare_directory(directory: Path, state: InstanceState, owner: tuple[int, int] | None) -> None:
     """Make the sandbox's directory with its state file in place from the first moment it exists
-    under its name, so a reaper never finds one without knowing its owner."""
+    under its name, so a reaper never finds one without knowing its owner. The working directory
+    belongs to ``owner`` (the commands' user) when given."""
     partial = directory.with_name(f".partial-{directory.name}")
     (partial / "work").mkdir(parents=True)
+    if owner is not None:
+        os.chown(partial / "work", *owner)
     (partial / "overlay").mkdir()
     os.chmod(partial, 0o700)
     state.write(partial)

@@ -52,11 +52,14 @@ def read_beneath(root: Path, parts: list[str], shown: str, limit: int) -> bytes:
         return read_result(shown, buffer)
 
 
-def write_beneath(root: Path, parts: list[str], shown: str, data: bytes) -> None:
-    """Write ``data`` to the regular file ``root/parts`` (created, with its parents, if missing)."""
+def write_beneath(
+    root: Path, parts: list[str], shown: str, data: bytes, owner: tuple[int, int] | None = None
+) -> None:
+    """Write ``data`` to the regular file ``root/parts`` (created, with its parents, if missing);
+    what it creates belongs to ``owner`` (uid, gid) when given, the sandbox's user."""
     if not parts:
         raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", shown)
-    parent = _open_parent(root, parts, create=True)
+    parent = _open_parent(root, parts, create=True, owner=owner)
     try:
         _refuse_unless_regular(parts[-1], parent, shown, missing_ok=True)
         fd = _open_last(parts[-1], parent, os.O_WRONLY | os.O_CREAT, shown)
@@ -64,6 +67,8 @@ def write_beneath(root: Path, parts: list[str], shown: str, data: bytes) -> None
         os.close(parent)
     with contextlib.closing(_File(fd)):
         _checked_fstat(fd, shown)
+        if owner is not None:
+            os.fchown(fd, *owner)
         os.ftruncate(fd, 0)  # only now: truncating at open would have emptied a file refused above
         view = memoryview(data)
         while view:
@@ -78,14 +83,17 @@ class _File:
         os.close(self.fd)
 
 
-def _open_parent(root: Path, parts: list[str], *, create: bool) -> int:
-    """A directory fd for ``parts[:-1]`` below ``root``, following no symlink on the way."""
+def _open_parent(root: Path, parts: list[str], *, create: bool, owner: tuple[int, int] | None = None) -> int:
+    """A directory fd for ``parts[:-1]`` below ``root``, following no symlink on the way; missing
+    directories are made when ``create``, belonging to ``owner`` when given."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for part in parts[:-1]:
             if create:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, 0o755, dir_fd=fd)
+                    if owner is not None:
+                        os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
             try:
                 child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             except OSError as error:

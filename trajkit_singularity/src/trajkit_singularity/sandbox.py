@@ -39,6 +39,7 @@ from trajkit_singularity import scripts
 from trajkit_singularity.engine import Apptainer, kill_tree, spawn
 from trajkit_singularity.files import LeavesScratch, read_beneath, write_beneath
 from trajkit_singularity.instances import InstanceState, stop_watchdog
+from trajkit_singularity.users import Confinement
 
 TIMEOUT_EXIT_CODE = 124
 KILL_TIMEOUT = 30.0
@@ -61,8 +62,11 @@ class SingularitySandbox(Sandbox):
         cwd: str,
         env: Mapping[str, str],
         info: SandboxInfo,
+        confinement: Confinement,
     ) -> None:
         self.engine = engine
+        self.confinement = confinement
+        """Who commands run as and with what (see :mod:`trajkit_singularity.users`)."""
         self.state = state
         self._watchdog = watchdog
         self.directory = directory
@@ -96,7 +100,7 @@ class SingularitySandbox(Sandbox):
             [
                 self.engine.binary,
                 *self._exec_prefix(),
-                *scripts.program("launch"),
+                *scripts.program("launch", self.confinement.switch),
                 command,
                 *assignments,
             ],
@@ -152,10 +156,16 @@ class SingularitySandbox(Sandbox):
         relative = self._relative_to_work(inside)
         if relative is not None:
             with contextlib.suppress(LeavesScratch):
-                await asyncio.to_thread(write_beneath, self.work, relative, inside, data)
+                await asyncio.to_thread(
+                    write_beneath, self.work, relative, inside, data, self.confinement.owner
+                )
                 return
         result = await self.engine.run(
-            *self._exec_prefix(), *scripts.program("write"), inside, timeout=FILE_TIMEOUT, input=data
+            *self._exec_prefix(),
+            *scripts.program("write", self.confinement.switch),
+            inside,
+            timeout=FILE_TIMEOUT,
+            input=data,
         )
         _raise_for_file_status(result.returncode, inside, result.reason())
 
@@ -163,7 +173,13 @@ class SingularitySandbox(Sandbox):
         """Read through the reader program: it checks the file, prints its size, then its content
         (the head and tail only when larger than ``limit``), which streams into a capped buffer."""
         process = await spawn(
-            [self.engine.binary, *self._exec_prefix(), *scripts.program("read"), inside, str(limit)],
+            [
+                self.engine.binary,
+                *self._exec_prefix(),
+                *scripts.program("read", self.confinement.switch),
+                inside,
+                str(limit),
+            ],
             env=self.engine.env,
         )
         assert process.stdout is not None and process.stderr is not None
@@ -203,7 +219,10 @@ class SingularitySandbox(Sandbox):
             raise SandboxError(f"sandbox {self.name} is closed")
 
     def _exec_prefix(self) -> list[str]:
-        return ["--silent", "exec", "--cleanenv", "--pwd", self.cwd, f"instance://{self.name}"]
+        return [
+            "--silent", "exec", "--cleanenv", *self.confinement.exec_options(), "--pwd", self.cwd,
+            f"instance://{self.name}",
+        ]  # fmt: skip
 
     def _resolve(self, path: str) -> str:
         """``path`` as an absolute, normalised path inside the container; InvalidPath for one that
@@ -226,7 +245,10 @@ class SingularitySandbox(Sandbox):
         """Kill, from a second exec, every process of the exec tagged ``marker``."""
         with contextlib.suppress(SandboxError):
             await self.engine.run(
-                *self._exec_prefix(), *scripts.program("kill"), marker, timeout=KILL_TIMEOUT
+                *self._exec_prefix(),
+                *scripts.program("kill", self.confinement.switch),
+                marker,
+                timeout=KILL_TIMEOUT,
             )
 
     async def _abandon(self, marker: str, process: asyncio.subprocess.Process) -> None:

@@ -18,8 +18,13 @@ found too. Instances therefore run no service of their own beside the execs.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trajkit_singularity.users import Switch
 
 MOUNT = "/.trajkit"
 MARKER_VARIABLE = "TRAJKIT_EXEC_ID"
@@ -133,12 +138,97 @@ WATCHDOG = 'sleep "$1"; "$2" instance stop --force "$3"; rm -rf -- "$4"'
 once the sandbox's lifetime is over, whether or not trajkit still runs."""
 
 
-PROGRAMS = {"launch": LAUNCHER, "kill": KILLER, "read": READER, "write": WRITER}
+ENTER = r"""
+tool=$1 kind=$2 uid=$3 gid=$4 user=$5 drop=$6
+shift 6
+export HOME=/tmp
+case $kind in
+setpriv) exec "$tool" --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all -- "$@" ;;
+su)
+    [ "$drop" = - ] && exec "$tool" -p -s /bin/sh -c 'exec "$0" "$@"' "$user" -- "$@"
+    exec "$drop" --inh-caps=-setuid,-setgid "$tool" -p -s /bin/sh -c 'exec "$0" "$@"' "$user" -- "$@" ;;
+esac
+exit 125
+"""
+"""argv: TOOL KIND UID GID USER DROP COMMAND... Run as root with CAP_SETUID and CAP_SETGID only (and
+``no_new_privs``): becomes UID:GID with no capability left, through the image's ``setpriv`` or
+``su`` (TOOL, an absolute path), and runs COMMAND. ``su`` keeps the two capabilities inheritable;
+DROP, a ``setpriv`` (BusyBox's will do) or ``-``, clears them first. ``HOME`` is ``/tmp`` (the
+user's own is ``/nonexistent`` or ``/``); a row's environment, applied by the launcher, may say
+otherwise."""
+
+PROBE = r"""
+id=65534
+is_user='[ "$(id -u)" = 65534 ]'
+where() {
+    for dir in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin; do
+        if [ -x "$dir/$1" ]; then echo "$dir/$1"; return 0; fi
+    done
+    return 1
+}
+if tool=$(where setpriv) && "$tool" --reuid=$id --regid=$id --clear-groups --inh-caps=-all --bounding-set=-all -- /bin/sh -c "$is_user" </dev/null >/dev/null 2>&1; then
+    echo "setpriv $tool - -"
+    exit 0
+fi
+drop=-
+if setpriv=$(where setpriv) && "$setpriv" --inh-caps=-setuid,-setgid true </dev/null >/dev/null 2>&1; then drop=$setpriv; fi
+name=$(sed -n "s/^\([^:]*\):[^:]*:$id:.*/\1/p" /etc/passwd 2>/dev/null | head -n 1)
+if [ -n "$name" ] && tool=$(where su) && "$tool" -p -s /bin/sh "$name" -c "$is_user" </dev/null >/dev/null 2>&1; then
+    echo "su $tool $name $drop"
+    exit 0
+fi
+echo none
+"""
+"""Run once per image, as root with the ENTER program's capabilities: prints ``KIND TOOL NAME DROP`` for
+the first way the image has to become user 65534 (util-linux ``setpriv``, else ``su``), tried for
+real, or ``none``. Tools are looked for in the system's directories only, never on a PATH."""
+
+# Denied to every process of an instance when trajkit runs as root: making namespaces (a user
+# namespace gives back, inside it, every capability the sandbox dropped; the rest need one) and
+# entering another's. clone3 takes its flags in memory that a filter cannot read, so it stays
+# allowed: glibc starts threads with it, and Apptainer's own runtime inside the container too.
+CLONE_NEWUSER = 0x10000000
+SECCOMP_PROFILE = json.dumps(
+    {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "syscalls": [
+            {"names": ["unshare", "setns"], "action": "SCMP_ACT_ERRNO"},
+            {
+                "names": ["clone"],
+                "action": "SCMP_ACT_ERRNO",
+                "args": [
+                    {
+                        "index": 0,
+                        "value": CLONE_NEWUSER,
+                        "valueTwo": CLONE_NEWUSER,
+                        "op": "SCMP_CMP_MASKED_EQ",
+                    }
+                ],
+            },
+        ],
+    },
+    indent=1,
+)
+SECCOMP_FILE = "seccomp.json"
+
+PROGRAMS = {
+    "launch": LAUNCHER,
+    "kill": KILLER,
+    "read": READER,
+    "write": WRITER,
+    "enter": ENTER,
+    "probe": PROBE,
+    SECCOMP_FILE: SECCOMP_PROFILE,
+}
 
 
-def program(name: str) -> list[str]:
-    """The argv prefix that runs program ``name`` inside an instance."""
-    return ["/bin/sh", f"{MOUNT}/{name}"]
+def program(name: str, switch: Switch | None = None) -> list[str]:
+    """The argv prefix that runs program ``name`` inside an instance, as the sandbox's user: entered
+    through ``switch`` (see :mod:`trajkit_singularity.users`), or directly without one."""
+    command = ["/bin/sh", f"{MOUNT}/{name}"]
+    if switch is None:
+        return command
+    return ["/bin/sh", f"{MOUNT}/enter", *switch.argv(command)]
 
 
 def install(cache_dir: Path) -> Path:

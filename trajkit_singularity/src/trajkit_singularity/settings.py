@@ -85,6 +85,13 @@ class SingularitySettings(StrictSettings):
         description="where writes outside the working directory go: overlay, a directory on the "
         "host's disk beside the working directory; tmpfs, memory (--writable-tmpfs)",
     )
+    user: Annotated[Literal["auto", "caller"], BeforeValidator(lowered)] = Field(
+        "auto",
+        description="who commands run as: auto, user 65534 when trajkit runs as root (entered through "
+        "the image's setpriv or su; an image with neither is refused), else the user running trajkit; "
+        "caller, the user running trajkit whoever it is (root without capabilities: the explicit "
+        "opt-out). Commands keep no capability either way",
+    )
     build_timeout: float = Field(
         1800.0, gt=0, description="seconds one conversion of a remote reference to a SIF may take"
     )
