@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import logging
 import os
 import subprocess
 import sys
@@ -31,7 +32,7 @@ import modal.sandbox.sandbox
 import modal.types
 import trajkit_modal.testing as fake_sdk
 from modal.exception import InvalidError, ResourceExhaustedError
-from trajkit_modal.backend import INLINE_COMMAND_LIMIT, MAX_LIFETIME, ModalBackend
+from trajkit_modal.backend import INLINE_COMMAND_LIMIT, MAX_LIFETIME, PRIVILEGE_NOTE, ModalBackend
 from trajkit_modal.ratelimit import TokenBucket, backoff_delay
 from trajkit_modal.testing import FakeModal, aio_method, aio_static
 
@@ -207,6 +208,23 @@ def test_creation_is_paced_and_every_sandbox_terminated(fake: FakeModal) -> None
     assert times[-1] - times[0] >= 0.9 * (count - burst) / rate
     assert fake.cloud.live(tags={"trajkit.run": "paced"}) == []
     assert fake.cloud.leftovers({"trajkit.run": "paced"}) == []
+
+
+def test_the_run_says_once_that_modal_keeps_the_image_s_user(
+    fake: FakeModal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Modal's SDK has no setting for a sandbox's user or capabilities: said once per backend."""
+
+    async def body() -> None:
+        backend = ModalBackend({"create_rate": "50"}, sdk=fake)
+        sandboxes = [await backend.create(spec("said", f"w{i}")) for i in range(3)]
+        await asyncio.gather(*(sb.close() for sb in sandboxes))
+        await backend.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="trajkit_modal"):
+        asyncio.run(body())
+    said = [r.getMessage() for r in caplog.records if "gVisor" in r.getMessage()]
+    assert said == [PRIVILEGE_NOTE]
 
 
 def test_rate_limit_refusals_are_retried_with_growing_delays(fake: FakeModal) -> None:

@@ -53,6 +53,11 @@ TAG_RUN = "trajkit.run"
 TAG_WORK = "trajkit.work"
 TAG_OWNER = "trajkit.owner"
 
+PRIVILEGE_NOTE = (
+    "modal: sandbox commands run as the image's own user (root in most images) inside Modal's gVisor "
+    "kernel: Modal's SDK has no setting for a sandbox's user or capabilities, so trajkit cannot drop "
+    "them there as it does for docker and singularity"
+)
 AUTH_HINT = (
     "Modal rejected the credentials; configure them with `modal token set` or the "
     "MODAL_TOKEN_ID / MODAL_TOKEN_SECRET environment variables"
@@ -80,6 +85,7 @@ class ModalBackend(SandboxBackend):
         self._digests: dict[str, str | None] = {}
         self._bucket = TokenBucket(self.settings.create_rate, self.settings.burst)
         self._open: set[ModalSandbox] = set()
+        self._said_privilege = False
         self.owner = owner_tag()
 
     @property
@@ -112,6 +118,9 @@ class ModalBackend(SandboxBackend):
         from trajkit_modal.sandbox import ModalSandbox
 
         cwd = _absolute_cwd(spec.cwd)
+        if not self._said_privilege:
+            self._said_privilege = True
+            log.warning(PRIVILEGE_NOTE)
         app = await self._lookup_app()
         handle = await self._create_paced(self._create_arguments(spec, app, cwd))
         info = SandboxInfo(backend=self.name, image=spec.image, digest=self._digests.get(spec.image or ""))
