@@ -142,6 +142,11 @@ def test_the_working_directory_and_the_image_s_project_are_handed_to_the_user(
                 "touch /etc/x || echo refused; ls -ld /srv | cut -c1-10", timeout=30
             )
             assert elsewhere.stdout.split()[-2:] == ["refused", "drwxr-xr-x"]
+            # The file tools write as the sandbox's user too: nothing it could not write itself.
+            for system_file in ("/etc/passwd", "/bin/sh", "/etc/new-file"):
+                with pytest.raises(PermissionError):
+                    await sandbox.write_file(system_file, b"pwned")
+            assert b"root:x:0:0" in await sandbox.read_file("/etc/passwd")
         finally:
             await sandbox.close()
             await backend.aclose()

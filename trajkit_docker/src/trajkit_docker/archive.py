@@ -1,7 +1,7 @@
-"""In-memory tar archives for the engine's archive API.
+"""Tar archives for the engine's archive API: directories made in a container, files read out of it.
 
-Files travel into and out of containers as tar streams, never through a command line, so names with
-quotes, spaces or ``$(...)`` are just names and binary content stays byte-exact.
+Files travel out of containers as tar streams, never through a command line, so names with quotes,
+spaces or ``$(...)`` are just names and binary content stays byte-exact.
 """
 
 from __future__ import annotations
@@ -14,36 +14,6 @@ import time
 from collections.abc import Iterable
 
 from trajkit.sandbox import CappedBuffer, NotARegularFile
-
-FILE_MODE = 0o644
-DIR_MODE = 0o755
-
-
-def pack_file(relative_path: str, data: bytes, owner: tuple[int, int] = (0, 0)) -> bytes:
-    """A tar holding ``data`` at ``relative_path``, with an entry for each missing parent directory,
-    all owned by ``owner`` (uid, gid): the sandbox's user, who must be able to change them after.
-
-    Directory entries are only included for the components of ``relative_path`` itself: the caller
-    extracts at the deepest directory that already exists, so existing directories keep their mode.
-    """
-    buffer = io.BytesIO()
-    now = time.time()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        parts = relative_path.split("/")
-        for depth in range(1, len(parts)):
-            info = tarfile.TarInfo("/".join(parts[:depth]))
-            info.type = tarfile.DIRTYPE
-            info.mode = DIR_MODE
-            info.mtime = now
-            info.uid, info.gid = owner
-            tar.addfile(info)
-        info = tarfile.TarInfo(relative_path)
-        info.size = len(data)
-        info.mode = FILE_MODE
-        info.mtime = now
-        info.uid, info.gid = owner
-        tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def pack_directories(*entries: tuple[str, int, tuple[int, int]]) -> bytes:

@@ -26,6 +26,7 @@ POOL_SIZE = 128
 """Connections kept to the engine; each running exec holds one for as long as it streams."""
 HAND_OVER_SPOOL = 4 * 1024 * 1024
 """Bytes of a working directory's rewritten archive held in memory; more goes to a temporary file."""
+FEED_CHUNK = 64 * 1024
 REMOVE_WAIT = 15.0
 """Seconds to wait for a removal that the engine reports as already in progress."""
 
@@ -259,6 +260,30 @@ class Engine:
             if time.monotonic() > give_up:
                 raise SandboxError("docker: exec ended its output but the engine reports no exit code")
             time.sleep(0.02)
+
+    def feed(self, container_id: str, argv: Sequence[str], data: bytes, user: str | None) -> int:
+        """Run ``argv`` as ``user`` with ``data`` on its standard input, to its end; its exit code.
+
+        The exec's stream is hijacked (as ``docker exec -i`` does): ``data`` is sent, the sending
+        half closed, and whatever comes back read until the engine closes the stream. Reading is
+        bounded by the client's socket timeout, so a program that never ends cannot hold this."""
+        import socket
+
+        created = self.api.exec_create(
+            container_id, list(argv), stdin=True, stdout=True, stderr=True, tty=False, user=user or ""
+        )
+        stream = self.api.exec_start(created["Id"], socket=True)
+        raw = getattr(stream, "_sock", stream)
+        try:
+            raw.sendall(data)
+            raw.shutdown(socket.SHUT_WR)
+            while raw.recv(FEED_CHUNK):
+                pass
+        except OSError as exc:
+            raise SandboxError(f"docker: feeding a command failed: {exc}") from exc
+        finally:
+            stream.close()
+        return self.exec_exit_code(str(created["Id"]))
 
     def run_helper(self, container_id: str, argv: Sequence[str], user: str | None = None) -> tuple[int, str]:
         """Run a short helper command to completion, as ``user``; its exit code and stdout."""

@@ -25,8 +25,8 @@ from trajkit.sandbox import (
     check_path,
     read_result,
 )
-from trajkit_docker.archive import pack_file, resolve_link
-from trajkit_docker.engine import Engine, api_message, file_kind, path_error, translated
+from trajkit_docker.archive import resolve_link
+from trajkit_docker.engine import Engine, file_kind, translated
 
 if TYPE_CHECKING:
     from trajkit_docker.backend import DockerBackend
@@ -110,6 +110,27 @@ f={STATE_DIR}/exec-$1
 i=0
 while [ ! -s "$f" ] && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i+1)); done
 [ -s "$f" ] && kill -9 -"$(cat "$f")"
+"""
+
+
+# Writes stdin to $1 (absolute) as the user running it, making missing parent directories. Exit 20
+# when a parent is no directory, 21 when $1 is a directory, 22 when it is a device, FIFO or socket,
+# 13 when the user may not write it or make its parents, 40 when its symlinks loop.
+WRITER = """\
+t=$1 d=${1%/*}
+[ -n "$d" ] || d=/
+if [ ! -d "$d" ]; then
+    a=$d
+    while [ ! -e "$a" ]; do a=${a%/*}; [ -n "$a" ] || a=/; done
+    [ -d "$a" ] || exit 20
+    mkdir -p -- "$d" 2>/dev/null || exit 13
+fi
+[ -d "$t" ] && exit 21
+[ -e "$t" ] && [ ! -f "$t" ] && exit 22
+if [ -e "$t" ]; then [ -w "$t" ] || exit 13; else [ -w "$d" ] || exit 13; fi
+if err=$( { cat > "$t"; } 2>&1 ); then exit 0; fi
+case $err in *link* | *loop*) exit 40 ;; esac
+exit 1
 """
 
 
@@ -255,50 +276,19 @@ class DockerSandbox(Sandbox):
         return bytes(run.stdout.head + run.stdout.tail)
 
     async def write_file(self, path: str, data: bytes) -> None:
-        """Extract a one-file tar at the deepest existing ancestor, carrying any missing parents.
-
-        The engine resolves the directory inside the container's root; a symlink as the last
-        component is followed here (the engine would replace the link itself), and anything but a
-        regular file or a missing path is refused before the engine is asked to write.
-        """
+        """Write as the sandbox's user would: a short program run as that user takes the content on
+        its standard input (never on a command line), so what it may not write is refused, and
+        symlinks resolve in the container as its own commands see them. A directory, a device, a
+        FIFO or a socket is refused before it is opened."""
         self._check_open()
-        async with self._files:
-            await self._write(await self._write_target(self._resolve(path)), data)
-
-    async def _write(self, target: str, data: bytes) -> None:
+        target = self._resolve(path)
         if target == "/":
             raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", "/")
-        directory = posixpath.dirname(target)
-        while True:
-            relative = posixpath.relpath(target, directory)
-            with translated(f"writing {target!r}"):
-                try:
-                    archive = pack_file(relative, data, (self.user.uid, self.user.gid))
-                    done = await self._call(self._engine.put_archive, self.container_id, directory, archive)
-                except Exception as exc:
-                    file_error = _file_error(exc, target)
-                    if file_error is None:
-                        raise
-                    raise file_error from exc
-            if done:
-                return
-            if directory == "/":
-                raise SandboxError(f"docker: cannot write {target!r}: the container has no root directory")
-            directory = posixpath.dirname(directory)
-
-    async def _write_target(self, target: str) -> str:
-        """Where a write of ``target`` lands: the end of its symlinks, a regular file or nothing yet."""
-        for _ in range(MAX_SYMLINKS):
-            with translated(f"looking at {target!r}"):
-                stat = await self._call(self._engine.stat_path, self.container_id, target)
-            if stat is None:
-                return target
-            kind = file_kind(stat)
-            if kind != "symlink":
-                _check_kind(kind, target)
-                return target
-            target = check_path(resolve_link(target, str(stat.get("linkTarget") or "")))
-        raise OSError(errno.ELOOP, "too many levels of symbolic links in the sandbox", target)
+        argv = ["/bin/sh", "-c", WRITER, "trajkit-write", target]
+        with translated(f"writing {target!r}"):
+            code = await self._call(self._engine.feed, self.container_id, argv, data, self.user.name)
+        if code != 0:
+            raise _write_error(code, target)
 
     async def close(self) -> None:
         if self._closed:
@@ -420,16 +410,18 @@ def _check_kind(kind: str, target: str) -> None:
         )
 
 
-def _file_error(exc: Exception, target: str) -> OSError | None:
-    """The file error that an engine failure stands for, which the engine reports only in words."""
-    message = api_message(exc).lower()
-    replacing_a_directory = (
-        "cannot overwrite directory" in message  # dockerd
-        or ("error creating file at" in message and "file exists" in message)  # podman
-        or "is a directory" in message
-    )
-    if replacing_a_directory:
-        return IsADirectoryError(f"is a directory in the sandbox: {target}")
-    if "cannot overwrite non-directory" in message or "not a directory" in message:
-        return NotADirectoryError(f"a parent is not a directory in the sandbox: {target}")
-    return path_error(message, target)
+def _write_error(code: int, target: str) -> OSError:
+    """The file error behind the writer's exit code."""
+    if code == 20:
+        return NotADirectoryError(errno.ENOTDIR, "a parent is not a directory in the sandbox", target)
+    if code == 21:
+        return IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", target)
+    if code == 22:
+        return NotARegularFile(
+            errno.EINVAL, "not a regular file in the sandbox (device, FIFO or socket)", target
+        )
+    if code == 13:
+        return PermissionError(errno.EACCES, "the sandbox's user may not write it", target)
+    if code == 40:
+        return OSError(errno.ELOOP, "too many levels of symbolic links in the sandbox", target)
+    return OSError(errno.EIO, f"writing failed in the sandbox (exit {code})", target)

@@ -12,7 +12,8 @@ as. On top of that, by default (``docker.user=auto``):
   commands can neither signal it, trace it, nor read its environment;
 - the working directory, and whatever the image put in it, is handed to the commands' user
   (the engine's archive API rewrites the owners: a capability-less root inside could not), so a
-  project the image ships there can be edited; files the file tools write belong to that user too;
+  project the image ships there can be edited; the file tools write as that user too, so they
+  cannot change what the user could not (the image's programs and libraries, which a check runs);
 - ``HOME`` is ``/tmp`` when the user's own home is missing or not writable (a uid without an entry
   in the image's ``/etc/passwd`` gets ``/`` from the engine).
 
