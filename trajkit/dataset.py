@@ -14,11 +14,14 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from trajkit.settings import did_you_mean
+
+if TYPE_CHECKING:
+    from trajkit.check_files import CheckFile
 
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 """The identity's spelling, made once: it must never change, or finished prompts would run again."""
@@ -64,6 +67,9 @@ class PlannedRow:
     backend: str | None
     extra: dict[str, Any] | None
     """The row's other fields (they travel to the record's metadata), None when it has none."""
+    check_files: tuple[CheckFile, ...] = ()
+    """The row's ``check_files`` checked and resolved against the dataset's directory (the plan
+    fills it in: :func:`trajkit.plan.read_work`)."""
 
     @property
     def extra_fields(self) -> dict[str, Any]:

@@ -27,9 +27,10 @@ from trajkit.retry import backoff_delay
 from trajkit.rundir import tool_schemas_key
 from trajkit.sandbox import ImageUnavailable, Sandbox, SandboxBackend, SandboxError, SandboxSpec
 from trajkit.scorers import ScoreContext, Scorer, score_session
-from trajkit.tools import Tool, ToolRun, ToolSession, close_session, open_toolsets
+from trajkit.tools import Tool, ToolRun, ToolSession, close_session, close_tools, open_toolsets
 
 if TYPE_CHECKING:
+    from trajkit.check_files import CheckFile
     from trajkit.config import RunConfig
 
 log = logging.getLogger("trajkit")
@@ -238,9 +239,14 @@ class Sessions:
         try:
             session = build_session(config, self.client, sandbox, tools, self.plan.run_tools, tool_session)
             result = await run_conversation(session, item.row.prompt)
+            # The session is over before it is scored: what its tools kept running (background
+            # processes) must not change the sandbox under the check.
+            await asyncio.shield(close_tools(tool_session))
             row = {"prompt": item.row.prompt, "image": item.row.image, "cwd": item.row.cwd}
             row |= {"backend": item.row.backend, **item.row.extra_fields}
-            return result, await score_result(self.scorers, row, result, sandbox, config)
+            return result, await score_result(
+                self.scorers, row, result, sandbox, config, item.row.check_files
+            )
         finally:
             await asyncio.shield(close_session(tool_session, sandbox))
 
@@ -275,10 +281,11 @@ async def score_result(
     result: ConversationResult,
     sandbox: Sandbox,
     config: RunConfig,
+    check_files: Sequence[CheckFile] = (),
 ) -> dict[str, Any] | None:
     """The record's ``score`` of a finished conversation, its sandbox still open (None when no
-    scorer applies to the row)."""
+    scorer applies to the row); ``check_files`` are put back in the sandbox before the checks."""
     if not scorers:
         return None
     context = ScoreContext(row, result.final_response, result.messages, sandbox, config.check_timeout)
-    return await score_session(scorers, context)
+    return await score_session(scorers, context, check_files)

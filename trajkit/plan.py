@@ -7,7 +7,7 @@ the executor (:mod:`trajkit.executor`) and to the merge (:mod:`trajkit.finalize`
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trajkit.config import RunConfig
@@ -16,6 +16,7 @@ from trajkit.dataset import (
     WorkItem,
     check_dataset_file,
     display_path,
+    hub_dataset,
     read_dataset,
     with_samples,
 )
@@ -109,6 +110,8 @@ def read_work(config: RunConfig, host: PluginHost) -> Work:
     routes, route_errors = route(items, config, host)
     row_errors += route_errors
     row_errors += check_errors(items, path, host)
+    items, file_errors = with_check_files(items, path)
+    row_errors += file_errors
     bad = {error.line for error in row_errors}
     items = with_samples(
         [item for item in items if item.index in routes and item.line not in bad], config.samples_per_prompt
@@ -131,6 +134,33 @@ def check_errors(items: list[WorkItem], path: Path, host: PluginHost) -> list[Ro
         if problems:
             errors.append(RowError(path, item.line, "; ".join(problems)))
     return errors
+
+
+def with_check_files(items: list[WorkItem], path: Path) -> tuple[list[WorkItem], list[RowError]]:
+    """The items with their rows' ``check_files`` resolved (relative to the dataset's directory),
+    and the rows whose check files cannot be used (see :mod:`trajkit.check_files`)."""
+    from trajkit.check_files import FIELD, CheckFile, resolve
+
+    base = None if hub_dataset(path) else path.absolute().parent
+    resolved: dict[str, tuple[CheckFile, ...] | str] = {}
+    kept, errors = [], []
+    for item in items:
+        value = (item.row.extra or {}).get(FIELD)
+        if value is None:
+            kept.append(item)
+            continue
+        key = repr(value)
+        if key not in resolved:
+            try:
+                resolved[key] = resolve(value, base)
+            except ValueError as exc:
+                resolved[key] = str(exc)
+        found = resolved[key]
+        if isinstance(found, str):
+            errors.append(RowError(path, item.line, found))
+            continue
+        kept.append(replace(item, row=replace(item.row, check_files=found)))
+    return kept, errors
 
 
 def route(

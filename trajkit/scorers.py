@@ -9,7 +9,9 @@ scorer reads. Every registered scorer (hook ``trajkit_scorers``) that applies to
               "checks": [{"scorer": "command", "passed": true, "value": 1.0, "detail": "exit 0: ..."}]}
 
 ``score`` is null when no scorer applies to the row. Scoring runs in the attempt, after the
-agent's last turn and before the sandbox is closed, within the attempt's ``--prompt_timeout``.
+agent's last turn (and after the session's tools closed: nothing it started still runs) and
+before the sandbox is closed, within the attempt's ``--prompt_timeout``. A row's
+``check_files`` are copied fresh into the sandbox first (:mod:`trajkit.check_files`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from trajkit.check_files import CheckFile, CheckFilesError, install
 from trajkit.sandbox import Sandbox, SandboxError
 
 DETAIL_CHARS = 2000
@@ -90,14 +93,25 @@ def row_problems(scorers: Sequence[Scorer], row: Mapping[str, Any]) -> list[str]
     return [f"{s.name}: {problem}" for s in scorers if s.applies(row) and (problem := s.row_problem(row))]
 
 
-async def score_session(scorers: Sequence[Scorer], context: ScoreContext) -> dict[str, Any] | None:
-    """The record's ``score`` from every scorer that applies to the row, or None if none does."""
-    checks: list[dict[str, Any]] = []
-    for scorer in scorers:
-        if not scorer.applies(context.row):
-            continue
+async def score_session(
+    scorers: Sequence[Scorer], context: ScoreContext, check_files: Sequence[CheckFile] = ()
+) -> dict[str, Any] | None:
+    """The record's ``score`` from every scorer that applies to the row, or None if none does.
+
+    The row's ``check_files`` are put in place first (see :mod:`trajkit.check_files`); when the
+    sandbox refuses them, every check fails saying why, unrun.
+    """
+    applying = [scorer for scorer in scorers if scorer.applies(context.row)]
+    refused = None
+    if applying and check_files:
         try:
-            check = await scorer.score(context)
+            await install(context.sandbox, check_files)
+        except CheckFilesError as exc:
+            refused = Check(False, 0.0, f"the check files could not be put in place: {exc.strerror or exc}")
+    checks: list[dict[str, Any]] = []
+    for scorer in applying:
+        try:
+            check = refused or await scorer.score(context)
         except SandboxError:
             raise  # the sandbox is broken: the attempt fails and is retried
         except Exception as exc:  # a broken scorer fails its check, not the paid-for session

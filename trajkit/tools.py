@@ -184,12 +184,19 @@ async def open_toolsets(
     return run
 
 
-async def close_session(tool_session: ToolSession, sandbox: Sandbox) -> None:
-    """Close what a session's tools kept (before the sandbox they may run in), then the sandbox."""
+async def close_tools(tool_session: ToolSession) -> None:
+    """Close what a session's tools kept (their background processes, pages, shells); a failure is
+    logged, never raised. Closing again does nothing."""
     try:
         await tool_session.aclose()
     except Exception as exc:  # a toolset's cleanup must not keep the sandbox open
         log.warning("closing a session's tools failed: %s: %s", type(exc).__name__, exc)
+
+
+async def close_session(tool_session: ToolSession, sandbox: Sandbox) -> None:
+    """Close what a session's tools kept (before the sandbox they may run in), then the sandbox."""
+    try:
+        await close_tools(tool_session)
     finally:
         await sandbox.close()
 
