@@ -41,6 +41,15 @@ NOOP_MODULE = "trajkit_bench_noop"
 # -- the machine ---------------------------------------------------------------------------------
 
 
+def sandboxes_dir(work: Path) -> Path:
+    """``work/sandboxes`` for the local sandboxes of a run, made passable for their unprivileged
+    user when the benchmark runs as root (a temporary directory lets no other user through)."""
+    os.chmod(work, 0o711)
+    sandboxes = work / "sandboxes"
+    sandboxes.mkdir(parents=True, exist_ok=True)
+    return sandboxes
+
+
 def raise_fd_limit() -> int:
     """Raise this process's soft open-files limit to the hard limit (children inherit it)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

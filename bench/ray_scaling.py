@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="trajkit-bench-") as tmp:
         work = args.keep or Path(tmp)
-        (work / "sandboxes").mkdir(parents=True, exist_ok=True)
+        common.sandboxes_dir(work)
         for mode in args.modes:
             tool_s = scaling.unloaded_tool_time(mode, work / "sandboxes")
             with common.LoadServer(*scaling.server_args(mode, args.latency)) as server:

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="trajkit-bench-") as tmp:
         work = args.keep or Path(tmp)
-        (work / "sandboxes").mkdir(parents=True, exist_ok=True)
+        common.sandboxes_dir(work)
         for mode in args.modes:
             tool_s = unloaded_tool_time(mode, work / "sandboxes")
             print(f"{mode}: unloaded tool time per trajectory {tool_s * 1e3:.2f} ms", flush=True)

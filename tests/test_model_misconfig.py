@@ -24,7 +24,8 @@ def run_cli(tmp: Path, base_url: str, *extra: str, env: dict[str, str] | None = 
     return trajkit(
         "run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(tmp),
         "--model", "m", "--base_url", base_url, "--quiet", "--distribution", "file_only",
-        "--sandbox_option", f"local.root={tmp / 'sandboxes'}", *extra,
+        "--sandbox_option", f"local.root={tmp / 'sandboxes'}", "--sandbox_option", "local.isolation=none",
+        *extra,
         env=env,
     )  # fmt: skip
 

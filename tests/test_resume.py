@@ -229,10 +229,10 @@ def test_failures_are_retried_and_the_doomed_are_reported(tmp_path: Path) -> Non
         assert list(sessions_started(healthy)) == ["lost cause [doomed]"]
 
 
-def test_ctrl_c_closes_live_sandboxes_and_leaves_a_consistent_run(tmp_path: Path) -> None:
+def test_ctrl_c_closes_live_sandboxes_and_leaves_a_consistent_run(tmp_path: Path, sandbox_root: Path) -> None:
     dataset = [{"prompt": f"slow task {i}"} for i in range(12)]
     path = write_jsonl(tmp_path / "p.jsonl", dataset)
-    sandboxes = tmp_path / "sandboxes"
+    sandboxes = sandbox_root / "sandboxes"
     server = OpenAITestServer(dialect_policy, latency=1.0)
     with server:
         args = run_args(path, tmp_path, server, "--sandbox_option", f"local.root={sandboxes}")
@@ -240,14 +240,14 @@ def test_ctrl_c_closes_live_sandboxes_and_leaves_a_consistent_run(tmp_path: Path
             [sys.executable, "-m", "trajkit", *args], stderr=subprocess.PIPE, text=True
         )
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and len(list(sandboxes.glob("*"))) < 4:
+        while time.monotonic() < deadline and len(list(sandboxes.glob("[!.]*"))) < 4:
             time.sleep(0.05)
-        assert len(list(sandboxes.glob("*"))) == 4, "sessions should be in flight"
+        assert len(list(sandboxes.glob("[!.]*"))) == 4, "sessions should be in flight"
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
         assert process.returncode == 130, stderr
         assert "--resume" in stderr
-        assert list(sandboxes.glob("*")) == []
+        assert list(sandboxes.glob("[!.]*")) == []
         run_dir = tmp_path / "r"
         stats = json.loads((run_dir / "statistics.json").read_text())
         assert stats["done"] + stats["pending"] == 12 and stats["pending"] > 0

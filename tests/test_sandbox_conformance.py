@@ -54,23 +54,8 @@ class TestLocalWithoutPidfdConformance(SandboxConformance):
         return LocalHarness(tmp_path, isolation="none")
 
 
-# Issue 23's local half (bubblewrap without any capability, as a non-root uid) is being built
-# beside these cases: until it lands, the local sandbox keeps root's capabilities inside.
-LOCAL_PRIVILEGE_GAP = pytest.mark.xfail(
-    reason="issue 23 (local sandbox): bubblewrap commands still run as root with capabilities", strict=True
-)
-
-
 class TestBubblewrapConformance(SandboxConformance):
     @pytest.fixture
-    def harness(self, tmp_path: Path) -> LocalHarness:
+    def harness(self, sandbox_root: Path) -> LocalHarness:
         need_engine("bwrap", None if shutil.which("bwrap") else "bubblewrap is not installed")
-        return LocalHarness(tmp_path, isolation="bwrap")
-
-    @LOCAL_PRIVILEGE_GAP
-    def test_commands_keep_no_privilege(self, harness: LocalHarness) -> None:
-        super().test_commands_keep_no_privilege(harness)
-
-    @LOCAL_PRIVILEGE_GAP
-    def test_privileged_operations_are_refused(self, harness: LocalHarness) -> None:
-        super().test_privileged_operations_are_refused(harness)
+        return LocalHarness(sandbox_root, isolation="bwrap")

@@ -91,13 +91,15 @@ def write_page(root: Path, base_url: str, prompt: str) -> None:
     (root / "chat.html").write_text(PAGE % values)
 
 
-def test_a_listed_origin_streams_and_another_is_refused(browser: DevTools, tmp_path: Path) -> None:
+def test_a_listed_origin_streams_and_another_is_refused(
+    browser: DevTools, tmp_path: Path, sandbox_root: Path
+) -> None:
     allowed, other = Site(tmp_path / "allowed"), Site(tmp_path / "other")
     key_file = write_key(tmp_path / "server.key", SERVER_KEY)
     with OpenAITestServer(serve_policy, models={MODEL}) as model_server:
         serving = ServeProcess(
             "--model", MODEL, "--base_url", model_server.base_url, "--server_key_file", str(key_file),
-            "--cors_origin", allowed.origin, "--sandbox_option", f"local.root={tmp_path / 'sbx'}",
+            "--cors_origin", allowed.origin, "--sandbox_option", f"local.root={sandbox_root}",
         )  # fmt: skip
         try:
             write_page(tmp_path / "allowed", serving.base_url, "Tidy the notes from a browser b1")

@@ -33,11 +33,16 @@ _FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 class Beneath:
-    """Paths of one sandbox: ``root`` on the host, seen as ``view`` by the sandbox's commands."""
+    """Paths of one sandbox: ``root`` on the host, seen as ``view`` by the sandbox's commands.
 
-    def __init__(self, root: str, view: str) -> None:
+    ``owner`` (uid, gid): who the files and directories made here belong to, when the sandbox's
+    commands run as another user than this process (they must be able to change them).
+    """
+
+    def __init__(self, root: str, view: str, owner: tuple[int, int] | None = None) -> None:
         self.root = root
         self.view = view.rstrip("/") or "/"
+        self.owner = owner
 
     def relative(self, path: str, base: str = "") -> list[str]:
         """The components of ``path`` (absolute in the view, or relative to ``base``) below the root."""
@@ -81,6 +86,8 @@ class Beneath:
         """Replace the content of the regular file ``path`` (created, with its parents, if missing)."""
         fd = self._open_file(check_path(path), os.O_WRONLY | os.O_CREAT, create=True)
         try:
+            if self.owner is not None and os.fstat(fd).st_uid != self.owner[0]:
+                os.fchown(fd, *self.owner)
             os.ftruncate(fd, 0)
             view = memoryview(data)
             while view:
@@ -127,7 +134,7 @@ class Beneath:
                 except FileNotFoundError:
                     if not create:
                         raise FileNotFoundError(errno.ENOENT, "no such file or directory", path) from None
-                    _make_dir(part, fd)
+                    _make_dir(part, fd, self.owner)
                     pending.insert(0, part)
                     continue
                 except NotADirectoryError:
@@ -180,10 +187,12 @@ def _regular(fd: int, path: str) -> int:
     raise NotARegularFile(f"{path}: not a regular file (a device, FIFO or socket)")
 
 
-def _make_dir(name: str, parent: int) -> None:
+def _make_dir(name: str, parent: int, owner: tuple[int, int] | None) -> None:
     # Made meanwhile, or a symlink or a file by that name: the open that follows says which.
     with contextlib.suppress(FileExistsError):
         os.mkdir(name, 0o755, dir_fd=parent)
+        if owner is not None:
+            os.chown(name, *owner, dir_fd=parent, follow_symlinks=False)
 
 
 def _read_at_most(fd: int, count: int) -> bytes:

@@ -36,15 +36,20 @@ import socket
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, ClassVar
+from typing import TYPE_CHECKING, Annotated, ClassVar
 
 from pydantic import BeforeValidator
 
 from trajkit.settings import Metavar, StrictSettings
 
+if TYPE_CHECKING:
+    from trajkit.processes import SandboxProcess
+
 DEFAULT_CWD = "/work"
 """Where a prompt's commands run when its row names no ``cwd``."""
 DEFAULT_OUTPUT_CAP = 64 * 1024
+DEFAULT_OUTPUT_KEPT = 200 * 1024
+"""Bytes of a background process's output kept in the runner (head and tail)."""
 DEFAULT_READ_LIMIT = 8 * 1024 * 1024
 """Most bytes one ``read_file`` holds in the runner; a larger file comes back as head and tail."""
 
@@ -190,6 +195,24 @@ class Sandbox(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Destroy the sandbox. Safe to call more than once."""
+
+    async def start_process(
+        self, command: str, *, env: Mapping[str, str] | None = None, output_kept: int = DEFAULT_OUTPUT_KEPT
+    ) -> SandboxProcess:
+        """Start ``command`` (``/bin/sh -c`` in the working directory) in the background: it runs
+        until it exits, is killed, or the sandbox closes; its standard input is a pipe the caller
+        writes, its standard output and error one stream of which ``output_kept`` bytes are kept
+        (head and tail).
+
+        The default is built on :meth:`exec` and files inside the sandbox
+        (:class:`trajkit.processes.ExecProcess`), so every backend has it; backends that can stream
+        the output override it.
+        """
+        from trajkit.processes import ExecProcess
+
+        process = ExecProcess(self, command, env, output_kept)
+        await process.start()
+        return process
 
 
 class SandboxBackend(ABC):

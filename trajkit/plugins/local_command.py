@@ -22,6 +22,16 @@ ESCAPED_PIPE_GRACE = 5.0
 the group (``setsid``) to close the output pipes it inherited, before closing them on it."""
 
 
+def pidfd_or_none(pid: int) -> int:
+    """A pidfd of the child ``pid``, readable once it exits; -1 where there are none (not Linux,
+    Linux before 5.3)."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    try:
+        return pidfd_open(pid) if pidfd_open else -1
+    except OSError:
+        return -1
+
+
 def kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
@@ -75,11 +85,7 @@ class Command:
         for fd in self.pipes:
             os.set_blocking(fd, False)
             self.loop.add_reader(fd, self._read, fd)
-        pidfd_open = getattr(os, "pidfd_open", None)
-        try:
-            pidfd = pidfd_open(self.pid) if pidfd_open else -1
-        except OSError:
-            pidfd = -1
+        pidfd = pidfd_or_none(self.pid)
         if pidfd >= 0:
             self.loop.add_reader(pidfd, self._pidfd_ready, pidfd)
         else:
