@@ -9,6 +9,7 @@ small, no process may be left, and the runner must exit.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -31,7 +32,18 @@ KEY = f"sk-hostile-test-{uuid.uuid4().hex}"
 PEAK_RSS_LIMIT = 1024 * 1024  # KiB: the runner must stay under 1 GB
 
 
-def hostile_steps(host_file: Path, host_dir: Path, marker: str) -> list[tuple[str, dict[str, Any]]]:
+def hostile_steps(
+    host_file: Path, host_dir: Path, marker: str, key_file: Path | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    # With the privilege a root runner's sandbox once kept: uncover the host's home, where the
+    # key file lies, and send the key out encoded (past the scrubber); make the host's /var
+    # writable and change it.
+    key = key_file or host_file
+    uncover = (
+        f"umount /root; umount -l {key.parent}; base64 {key}; base64 < {key}; ls -a {key.parent}; "
+        f"umount /var/tmp; mount -o remount,bind,rw /var; echo pwned > /var/tmp/{host_dir.name}-escaped; "
+        "grep CapEff /proc/self/status"
+    )
     plant = (
         f"ln -s {host_file} host_link; ln -s {host_dir} host_dir; ln -s /proc/self/environ env_link; "
         f"ln -s /proc/$PPID/cmdline cmd_link; ln -s /dev/zero zero; mkfifo fifo; "
@@ -42,6 +54,7 @@ def hostile_steps(host_file: Path, host_dir: Path, marker: str) -> list[tuple[st
     )
     return [
         ("terminal", {"command": plant}),
+        ("terminal", {"command": uncover}),
         ("write_file", {"path": "host_link", "content": "pwned"}),
         ("read_file", {"path": "host_link"}),
         ("patch", {"path": "host_link", "old_string": "HOST", "new_string": "pwned"}),
@@ -104,11 +117,10 @@ def test_one_hostile_session_among_six_ordinary_ones(tmp_path: Path) -> None:
         tmp_path / "prompts.jsonl",
         [{"prompt": "Break out [hostile]"}] + [{"prompt": f"Ordinary task {i}"} for i in range(6)],
     )
-    key_file = tmp_path / "key"
+    key_file = Path.home() / f".trajkit-hostile-key-{uuid.uuid4().hex}"  # where keys are kept
     key_file.write_text(KEY + "\n")
-    server = OpenAITestServer(
-        make_policy(hostile_steps(host_file, host_dir, marker)), api_key=KEY, models={"m"}
-    )
+    steps = hostile_steps(host_file, host_dir, marker, key_file)
+    server = OpenAITestServer(make_policy(steps), api_key=KEY, models={"m"})
     server.start()
     argv = [
         sys.executable, "-m", "trajkit", "run",
@@ -131,14 +143,19 @@ def test_one_hostile_session_among_six_ordinary_ones(tmp_path: Path) -> None:
         )
     finally:
         server.stop()
+        key_file.unlink()
+    escaped = Path(f"/var/tmp/{host_dir.name}-escaped")
+    assert not escaped.exists(), "the host's /var/tmp was written"
     returncode, peak_kib = map(int, finished.stdout.split())
     run_dir = tmp_path / "data" / "hostile"
 
     assert host_file.read_text() == "HOST CONTENT\n"
     assert sorted(p.name for p in host_dir.iterdir()) == ["precious.txt"]
+    encoded = base64.b64encode(KEY.encode() + b"\n")[:40]
     for path in run_dir.rglob("*"):
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), f"the key is in {path}"
+            assert encoded not in path.read_bytes(), f"the key is in {path}, encoded"
     assert KEY not in finished.stderr
     assert peak_kib < PEAK_RSS_LIMIT, f"runner peak RSS {peak_kib} KiB"
     assert host_processes(marker) == []
@@ -147,10 +164,11 @@ def test_one_hostile_session_among_six_ordinary_ones(tmp_path: Path) -> None:
     assert len(ordinary) == 6 and all(r["completed"] for r in ordinary), finished.stderr
     hostile = next(r for r in records if "[hostile]" in r["conversations"][1]["value"])
     tool_turns = [t["value"] for t in hostile["conversations"] if t["from"] == "tool"]
-    assert len(tool_turns) == len(hostile_steps(host_file, host_dir, marker))
+    assert len(tool_turns) == len(steps)
     assert "planted" in tool_turns[0]
+    assert "CapEff:\\t0000000000000000" in tool_turns[1]
     assert "HOST CONTENT" not in "".join(tool_turns)
-    assert "trajkit-local" not in json.dumps(hostile)  # no host path of the sandbox in the data
+    assert "trajkit-sandboxes" not in json.dumps(hostile)  # no host path of the sandbox in the data
     assert returncode in (0, 1), finished.stderr
 
 

@@ -97,6 +97,14 @@ class LocalSandbox(Sandbox):
             self.joins = cgroups.create(self.name) if cgroups else []
         return self.joins
 
+    async def _sandbox_cgroups_off_loop(self) -> list[str]:
+        """:meth:`_sandbox_cgroups`, its system calls (a cgroup made in each hierarchy, its limits
+        written) in a worker thread rather than on the loop every session shares."""
+        if self.joins is None:
+            cgroups = self.backend.cgroups
+            self.joins = await asyncio.to_thread(cgroups.create, self.name) if cgroups else []
+        return self.joins
+
     # -- commands --------------------------------------------------------------------------------
 
     async def exec(
@@ -136,7 +144,7 @@ class LocalSandbox(Sandbox):
                 confinement.options(self.workdir, self.cwd, control, self.env),
                 control,
                 host_user=self.backend.host_user,
-                cgroup_joins=self._sandbox_cgroups(),
+                cgroup_joins=await self._sandbox_cgroups_off_loop(),
                 shell=shell,
             )
             await self.supervisor.start()
@@ -215,13 +223,16 @@ class LocalSandbox(Sandbox):
         async with self.starting:  # a supervisor being started is stopped, not left behind
             if self.supervisor is not None:
                 await self.supervisor.stop()
+        if self.small_tree:  # a few files: removing them costs less than a thread handoff
+            shutil.rmtree(self.base, True)
+        else:  # the cgroups and the tree, off the loop
+            await asyncio.to_thread(self._remove)
+
+    def _remove(self) -> None:
         cgroups = self.backend.cgroups if self.joins is not None else None
         if cgroups:
             cgroups.destroy(self.name)
-        if self.small_tree:  # a few files: removing them costs less than a thread handoff
-            shutil.rmtree(self.base, True)
-        else:
-            await asyncio.to_thread(shutil.rmtree, self.base, True)
+        shutil.rmtree(self.base, True)
 
     @property
     def small_tree(self) -> bool:

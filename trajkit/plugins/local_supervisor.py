@@ -292,12 +292,15 @@ class Supervisor:
         if not self.alive:
             raise SandboxError("local sandbox: its supervisor has ended")
         self.next_id += 1
-        job = Job(self, str(self.next_id), output_cap, background=background, sink=sink)
+        job_id = str(self.next_id)
+        fields = [cwd.encode(), str(len(env)).encode(), *(f"{k}={v}".encode() for k, v in env.items())]
+        request = os.path.join(self.control, f"{job_id}.x")
+        with open(request, "wb") as handle:  # private to the sandbox: nothing else reads it
+            handle.write(b"\0".join((*fields, command.encode())) + b"\0")
+        job = Job(self, job_id, output_cap, background=background, sink=sink)
+        job.paths.append(request)
         self.jobs[job.id] = job
-        fields = [b"x", job.id.encode(), b"b" if background else b"f", cwd.encode(), str(len(env)).encode()]
-        fields += [f"{key}={value}".encode() for key, value in env.items()]
-        fields.append(command.encode())
-        self._send(b"\0".join(fields) + b"\0")
+        self._send(b"x\0%s\0%s\0" % (job.id.encode(), b"b" if background else b"f"))
         return job
 
     def kill(self, job_id: str) -> None:

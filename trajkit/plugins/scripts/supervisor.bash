@@ -5,10 +5,11 @@
 # $2 (empty: this bash runs them itself, without a new program).
 #
 # Requests arrive on stdin as NUL-terminated fields:
-#   x ID MODE CWD N ENV1 .. ENVN COMMAND   start job ID: MODE f (foreground: stdin /dev/null,
-#                                          stdout to $1/ID.o, stderr to $1/ID.e) or b (background:
-#                                          stdin from $1/ID.i, stdout and stderr to $1/ID.o)
-#   k ID                                   kill job ID and everything it started
+#   x ID MODE   start job ID, as $1/ID.x says (NUL-terminated: CWD N ENV1 .. ENVN COMMAND), in
+#               MODE f (foreground: stdin /dev/null, stdout to $1/ID.o, stderr to $1/ID.e) or b
+#               (background: stdin from $1/ID.i, stdout and stderr to $1/ID.o). The job reads the
+#               file: bash reads a pipe a byte at a time, a file a block at a time.
+#   k ID        kill job ID and everything it started
 # Reports go to stdout, one line each: "R" once ready, "E ID STATUS" when job ID has ended and
 # everything it started is dead (STATUS 137 for a killed job).
 #
@@ -67,17 +68,20 @@ exec 2>/dev/null
 while IFS= read -r -d '' __tk_kind && IFS= read -r -d '' __tk_id; do
     case $__tk_kind in
     x)
-        IFS= read -r -d '' __tk_mode && IFS= read -r -d '' __tk_cwd && IFS= read -r -d '' __tk_count || break
-        __tk_env=()
-        while ((${#__tk_env[@]} < __tk_count)); do
-            IFS= read -r -d '' __tk_entry || break 2
-            __tk_env+=("$__tk_entry")
-        done
-        IFS= read -r -d '' __tk_command || break
+        IFS= read -r -d '' __tk_mode || break
         # The job's leader. It is no function: a command's error messages then read as bash -c's.
         (
             trap - INT TERM HUP QUIT PIPE USR1 USR2 ALRM TSTP TTIN TTOU
             exec 9>&1
+            {
+                IFS= read -r -d '' __tk_cwd && IFS= read -r -d '' __tk_count || exit 1
+                __tk_env=()
+                while ((${#__tk_env[@]} < __tk_count)); do
+                    IFS= read -r -d '' __tk_entry || exit 1
+                    __tk_env+=("$__tk_entry")
+                done
+                IFS= read -r -d '' __tk_command
+            } <"$__tk_ctl/$__tk_id.x"
             if [[ $__tk_mode == b ]]; then
                 exec <"$__tk_ctl/$__tk_id.i" >"$__tk_ctl/$__tk_id.o" 2>&1
             else
