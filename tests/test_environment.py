@@ -20,14 +20,19 @@ PASSES = {"prompt": "Make out.txt", "check": "test -f out.txt", "source": "unit"
 FAILS = {"prompt": "Make other.txt", "check": "test -f other.txt"}
 
 
+def sandboxes_in(root: Path) -> list[Path]:
+    """The sandboxes under a local backend's root (its own bookkeeping files start with a dot)."""
+    return [path for path in root.iterdir() if not path.name.startswith(".")]
+
+
 def local_env(root: Path, **settings: Any) -> Environment:
     return Environment(
         toolsets=["terminal"], sandbox="local", sandbox_options={"local": {"root": str(root)}}, **settings
     )
 
 
-def test_rollouts_are_scored_in_their_sandbox_which_then_closes(tmp_path: Path) -> None:
-    root = tmp_path / "sandboxes"
+def test_rollouts_are_scored_in_their_sandbox_which_then_closes(sandbox_root: Path) -> None:
+    root = sandbox_root / "sandboxes"
 
     async def main(server: OpenAITestServer) -> tuple[list[Any], list[Any], list[Any]]:
         policy = Policy(base_url=server.base_url, model="policy", api_key="k")
@@ -47,7 +52,7 @@ def test_rollouts_are_scored_in_their_sandbox_which_then_closes(tmp_path: Path) 
         assert rollout.score.passed and rollout.score.value == 1.0
         assert rollout.score.checks[0]["detail"].startswith("exit 0")
         assert rollout.row["source"] == "unit"
-        assert [t["function"]["name"] for t in rollout.tools] == ["terminal"]
+        assert [t["function"]["name"] for t in rollout.tools] == ["terminal", "process"]
         assert rollout.messages[-1] == {
             "role": "assistant",
             "content": "made it",
@@ -55,10 +60,12 @@ def test_rollouts_are_scored_in_their_sandbox_which_then_closes(tmp_path: Path) 
         }
     assert [(r.score.passed, r.score.value) for r in failing] == [(False, 0.0)] * 2
     assert plain[0].score is None and plain[0].result.final_response == "made it"
-    assert list(root.iterdir()) == [], "a sandbox outlived its rollout"
+    assert sandboxes_in(root) == [], "a sandbox outlived its rollout"
 
 
-def test_a_failing_session_is_an_error_of_its_rollout_alone(tmp_path: Path) -> None:
+def test_a_failing_session_is_an_error_of_its_rollout_alone(sandbox_root: Path) -> None:
+    tmp_path = sandbox_root
+
     def broken(number: int, body: dict[str, Any]) -> Fault | None:
         return Fault(status=400, message="bad request") if "broken" in json.dumps(body["messages"]) else None
 
@@ -74,11 +81,11 @@ def test_a_failing_session_is_an_error_of_its_rollout_alone(tmp_path: Path) -> N
         broken, fine = asyncio.run(main(server))
     assert all(r.error and r.score is None and r.result is None for r in broken), broken
     assert all(r.error is None and r.score.passed for r in fine)
-    assert list((tmp_path / "root").iterdir()) == []
+    assert sandboxes_in(tmp_path / "root") == []
 
 
-def test_the_step_interface_runs_the_tools_of_a_model_the_test_plays(tmp_path: Path) -> None:
-    root = tmp_path / "sandboxes"
+def test_the_step_interface_runs_the_tools_of_a_model_the_test_plays(sandbox_root: Path) -> None:
+    root = sandbox_root / "sandboxes"
 
     async def main() -> dict[str, Any]:
         seen: dict[str, Any] = {}
@@ -93,11 +100,11 @@ def test_the_step_interface_runs_the_tools_of_a_model_the_test_plays(tmp_path: P
             seen["last"] = await episode.step({"role": "assistant", "content": "done"})
             seen["again"] = await episode.step({"role": "assistant", "content": "more"})
             seen["score"] = await episode.score()
-            seen["sandboxes"] = list(root.iterdir())
+            seen["sandboxes"] = sandboxes_in(root)
             # a second episode on the same stepper: the first sandbox is closed by reset
             await episode.reset(FAILS)
             seen["second"] = await episode.score()
-            seen["sandboxes_then"] = list(root.iterdir())
+            seen["sandboxes_then"] = sandboxes_in(root)
         return seen
 
     seen = asyncio.run(main())
@@ -105,7 +112,7 @@ def test_the_step_interface_runs_the_tools_of_a_model_the_test_plays(tmp_path: P
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Make out.txt"},
     ]
-    assert seen["tools"] == ["terminal"]
+    assert seen["tools"] == ["terminal", "process"]
     tool_messages, done = seen["first"]
     assert not done and len(tool_messages) == 1 and tool_messages[0]["tool_call_id"] == "c1"
     assert "out.txt" in json.loads(tool_messages[0]["content"])["output"]
@@ -115,10 +122,12 @@ def test_the_step_interface_runs_the_tools_of_a_model_the_test_plays(tmp_path: P
     assert len(seen["sandboxes"]) == 1 and len(seen["sandboxes_then"]) == 1
     assert seen["sandboxes"] != seen["sandboxes_then"]
     assert seen["second"].passed is False
-    assert list(root.iterdir()) == [], "close() leaves no sandbox"
+    assert sandboxes_in(root) == [], "close() leaves no sandbox"
 
 
-def test_max_turns_ends_a_stepped_session(tmp_path: Path) -> None:
+def test_max_turns_ends_a_stepped_session(sandbox_root: Path) -> None:
+    tmp_path = sandbox_root
+
     async def main() -> list[tuple[list[Any], bool]]:
         async with local_env(tmp_path / "root", max_turns=2) as env:
             episode = env.stepper()
@@ -133,7 +142,7 @@ def test_max_turns_ends_a_stepped_session(tmp_path: Path) -> None:
     first, second = asyncio.run(main())
     assert first[1] is False and first[0][0]["tool_call_id"] == "x"
     assert second == ([], True)
-    assert list((tmp_path / "root").iterdir()) == []
+    assert sandboxes_in(tmp_path / "root") == []
 
 
 @pytest.fixture(scope="module")
