@@ -284,7 +284,7 @@ def test_a_run_draws_over_what_it_can_offer_and_remembers_it(tmp_path: Path, env
     records = read_jsonl(tmp_path / "t" / "trajectories.jsonl")
     offered = [tuple(r["toolsets_offered"]) for r in records]
     assert set(offered) <= {("file",), ("terminal",), ("file", "terminal")} and len(set(offered)) > 1
-    assert all(set(r["tool_stats"]) == {"terminal", "read_file", "write_file", "patch", "search_files"}
+    assert all(set(r["tool_stats"]) == {"terminal", "process", "read_file", "write_file", "patch", "search_files"}
                for r in records)  # fmt: skip
     manifest = json.loads((tmp_path / "t" / "run.json").read_text())
     assert manifest["invocations"][-1]["offer"]["left_out"] == {
