@@ -179,7 +179,9 @@ def test_the_address_has_a_flag_of_its_own_and_a_configuration_key() -> None:
 def test_without_the_package_the_error_says_what_to_install(tmp_path: Path) -> None:
     host = load_plugins(entry_points=False)
     config = RunConfig(dataset_file=tmp_path / "d.jsonl", run_name="x", output_dir=tmp_path, executor="ray")
-    with pytest.raises(PluginError, match=r"executor 'ray' is not installed: pip install trajkit-ray"):
+    with pytest.raises(
+        PluginError, match=r"executor 'ray' is not installed: pip install \./trajkit_ray from the root"
+    ):
         Runner(config, host)
 
 
