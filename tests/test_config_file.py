@@ -41,7 +41,14 @@ backend = "local-but-not-really"
     assert saved["distributions"] == {"files_and_shell": {"file": 1.0, "terminal": 0.5}}
     record = read_jsonl(run_dir / "trajectories.jsonl")[0]
     assert "file" in record["toolsets_used"] and "code" not in record["toolsets_used"]
-    assert sorted(record["tool_stats"]) == ["patch", "read_file", "search_files", "terminal", "write_file"]
+    assert sorted(record["tool_stats"]) == [
+        "patch",
+        "process",
+        "read_file",
+        "search_files",
+        "terminal",
+        "write_file",
+    ]
 
 
 def test_unknown_keys_are_errors_with_their_place(tmp_path: Path) -> None:
