@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
-from trajkit import hookimpl, rundir
+from trajkit import hookimpl, tool_catalog
 from trajkit.config import RunConfig
 from trajkit.execute import Sessions
 from trajkit.executor import Driver, Executor, Failed, Finished, SessionPlan, WorkOrder
@@ -28,9 +28,10 @@ from trajkit.manager import PluginError, PluginHost, load_plugins
 from trajkit.plugins.export import export_records, read_records
 from trajkit.plugins.local_executor import LocalExecutor
 from trajkit.plugins.writers import OpenAIWriter
-from trajkit.rundir import TOOLS_FILE, RunIOError, ToolCatalog, read_tool_schemas, tool_schemas_key
+from trajkit.rundir import TOOLS_FILE, RunIOError
 from trajkit.runner import EXIT_INCOMPLETE, EXIT_OK, Runner
 from trajkit.settings import StrictSettings
+from trajkit.tool_catalog import ToolCatalog, read_tool_schemas, tool_schemas_key
 from trajkit.tools import Tool, ToolContext, Toolset
 
 PROMPTS: list[dict[str, Any] | str] = [
@@ -177,7 +178,16 @@ def test_a_plugin_executor_gets_the_work_and_the_runner_records_what_it_returns(
     assert executor.settings.label == "x"  # type: ignore[attr-defined]
     assert [order.item.index for order in executor.seen] == list(range(len(PROMPTS)))
     assert {order.backend for order in executor.seen} == {"local"}
-    assert executor.driver_attributes == {"may_start", "started", "report"}  # no ledger, no paths
+    # no ledger, no paths
+    assert executor.driver_attributes == {
+        "may_start",
+        "admit",
+        "withdraw",
+        "stopped",
+        "started",
+        "report",
+        "paid",
+    }
 
     run_dir = tmp_path / "remote"
     ledger = read_jsonl(run_dir / "batch_0.jsonl")
@@ -196,7 +206,9 @@ def test_a_plugin_executor_gets_the_work_and_the_runner_records_what_it_returns(
     assert manifest["invocations"][-1]["failed"] == 1
 
     # the resume runs only the failing row again, with the local executor this time
-    resumed = config.model_copy(update={"resume": True, "executor": "local"})
+    resumed = config.model_copy(
+        update={"resume": True, "executor": "local", "executor_options": {}, "allow_change": ["executor"]}
+    )
     code, _ = run(resumed, load_plugins(entry_points=False))
     assert code == EXIT_OK
     assert len(read_jsonl(run_dir / "trajectories.jsonl")) == len(PROMPTS)
@@ -298,7 +310,7 @@ def test_tool_schemas_the_disk_refused_are_written_later(
     def refuse(path: Path, text: str) -> None:
         raise RunIOError(path, OSError(28, "No space left on device"))
 
-    monkeypatch.setattr(rundir, "write_atomic", refuse)
+    monkeypatch.setattr(tool_catalog, "write_atomic", refuse)
     with pytest.raises(RunIOError, match=r"tools\.json: No space left"):
         catalog.add({"k1": [JOT.schema()]})
     monkeypatch.undo()

@@ -159,8 +159,9 @@ def test_without_an_address_the_run_starts_a_ray_of_its_own_and_holds_to_max_cos
         counted = manifest["invocations"][-1]["model_client"]  # summed over the actors
         assert counted["cost"] == PRICE * counted["requests"] == statistics["spent"]["cost"]
 
-        # the rest with the local executor: every row once
-        result = trajkit(*args, "--resume", "--max_cost", "1000", env=RAY_ENV)
+        # the rest with the local executor (a change of the run's settings, allowed): every row once
+        more = ["--executor", "local", "--allow_change", "executor", "--max_cost", "1000"]
+        result = trajkit(*args, "--resume", *more, env=RAY_ENV)
     assert result.returncode == 0, result.stderr[-4000:]
     trajectories = read_jsonl(tmp_path / "local" / "trajectories.jsonl")
     assert [t["prompt_index"] for t in trajectories] == list(range(rows))

@@ -169,7 +169,7 @@ def test_stats_and_report_need_a_run_directory(tmp_path: Path) -> None:
     for command in ("stats", "report"):
         result = trajkit(command, str(tmp_path))
         assert result.returncode == 1
-        assert "has no statistics.json" in result.stderr
+        assert f"{tmp_path} is not a trajkit run directory (no run.json, no ledger)" in result.stderr
     assert not (tmp_path / "report.html").exists()
 
 

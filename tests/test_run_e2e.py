@@ -165,7 +165,7 @@ def test_model_saw_ephemeral_and_prefill_but_records_do_not(
     assert first[1]["content"] == "PREFILL-EXAMPLE"
     agent = next(v for k, v in requests[0].headers.items() if k.lower() == "user-agent")
     assert agent.startswith("trajkit/") or "OpenAI/Python" in agent
-    for path in run_dir.iterdir():
+    for path in (p for p in run_dir.rglob("*") if p.is_file()):
         text = path.read_text()
         assert "EPHEMERAL-INSTRUCTION" not in text and "PREFILL-EXAMPLE" not in text, path.name
 
@@ -175,7 +175,7 @@ def test_secret_never_reaches_the_run_directory_or_logs(
 ) -> None:
     run_dir, _, stderr = finished_run
     assert SECRET not in stderr
-    for path in run_dir.iterdir():
+    for path in (p for p in run_dir.rglob("*") if p.is_file()):
         assert SECRET not in path.read_text(), path.name
 
 
@@ -183,16 +183,19 @@ def test_finished_run_resumed_spends_nothing_and_changes_nothing(
     finished_run: tuple[Path, OpenAITestServer, str], tmp_path: Path
 ) -> None:
     run_dir, _, _ = finished_run
-    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    before = {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     server = OpenAITestServer(dialect_policy)
     with server:
         result = trajkit(
             "run", "--dataset_file", str(run_dir.parent.parent / "prompts.jsonl"), "--run_name", "e2e",
             "--output_dir", str(run_dir.parent), "--model", "test-model", "--base_url", server.base_url, "--resume",
+            "--ephemeral_system_prompt", "EPHEMERAL-INSTRUCTION",
+            "--prefill_messages_file", str(run_dir.parent.parent / "prefill.json"),
+            "--allow_change", "base_url",  # this server listens on another port than the run's
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert server.count == 0
-    after = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    after = {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     assert after == before
 
 

@@ -18,9 +18,10 @@ import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from tests.test_resume import assert_exactly_once, run_args, sessions_started
-from trajkit.finalize import run_status
 from trajkit.ledger import read_jsonl as ledger_lines
 from trajkit.ledger import scan
+from trajkit.manager import load_plugins
+from trajkit.run_view import run_status
 from trajkit.rundir import lock_holder
 from trajkit.runner import EXIT_IO, EXIT_LOCKED
 from trajkit.testing.engines import need_engine
@@ -108,6 +109,10 @@ def test_a_disk_that_fills_mid_run_loses_nothing_paid_for(tmp_path: Path) -> Non
         assert 0 < len(kept_first) < len(dataset)
         # every session the first invocation paid for reached the ledger, the held ones included
         assert set(sessions_started(server)) == kept_first
+        # the run says where it stands, from its ledger: no merge was made on the full disk
+        status = trajkit("status", str(run_dir)).stdout
+        assert f"done               {len(kept_first)}\n" in status, status
+        assert f"pending            {len(dataset) - len(kept_first)}\n" in status, status
         server.reset()
 
         resumed = trajkit(*run_args(path, disk, server, "--resume"))
@@ -148,14 +153,15 @@ def test_two_invocations_of_one_run_exactly_one_runs(tmp_path: Path) -> None:
         first = trajkit(*run_args(path, tmp_path, server, "--max_samples", "2"))
         assert first.returncode == 0, first.stderr
         delay[0] = 2.0  # the winner still runs when the other invocation starts, however late
-        both = [start(run_args(path, tmp_path, server, "--resume")) for _ in range(2)]
+        more = ["--resume", "--max_samples", "10", "--allow_change", "max_samples"]
+        both = [start(run_args(path, tmp_path, server, *more)) for _ in range(2)]
         deadline = time.monotonic() + 30
         while lock_holder(run_dir) is None and time.monotonic() < deadline:
             time.sleep(0.05)
         holder = lock_holder(run_dir)
         assert holder is not None and holder.pid in {p.pid for p in both}
         # a locked run can still be read
-        status = run_status(run_dir)
+        status = run_status(run_dir, load_plugins())
         assert status["running"] == str(holder) and status["finished_records"] >= 2
         assert trajkit("stats", str(run_dir)).returncode == 0
         results = {p.pid: (p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in both}

@@ -101,7 +101,8 @@ def test_samples_draw_toolsets_independently_and_a_resume_can_add_samples(tmp_pa
         first = trajkit(*run_args(path, out, server, "--samples_per_prompt", "2", "--no_filter", "partial"))
         assert first.returncode == 0, first.stderr
         assert_samples_per_row(out / "r", dataset, 2)
-        grown = trajkit(*run_args(path, out, server, "--samples_per_prompt", "5", "--resume"))
+        more = ["--samples_per_prompt", "5", "--allow_change", "samples_per_prompt"]
+        grown = trajkit(*run_args(path, out, server, "--resume", *more))
         assert grown.returncode == 0, grown.stderr
         assert_samples_per_row(out / "r", dataset, 5)
         rows_x5 = f"{len(dataset) * 5}/{len(dataset) * 5} samples done ({len(dataset)} rows x 5)"

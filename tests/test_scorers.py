@@ -78,7 +78,8 @@ def assert_scored(run_dir: Path) -> None:
 
 def assert_filter_passed_keeps_the_passing(dataset: Path, out: Path, name: str) -> None:
     """A merge again with ``--filter passed``: only the passing rows are kept, the rest say why."""
-    merged = trajkit(*run_args(dataset, out, name, "--resume", "--filter", "passed"))
+    allow = ["--allow_change", "filters", "--allow_change", "passed.keep_unscored"]
+    merged = trajkit(*run_args(dataset, out, name, "--resume", "--filter", "passed", *allow))
     assert merged.returncode == 0, merged.stderr
     run_dir = out / name
     assert set(by_index(run_dir / "trajectories.jsonl")) == PASSING
@@ -88,7 +89,7 @@ def assert_filter_passed_keeps_the_passing(dataset: Path, out: Path, name: str) 
     assert reasons[2].startswith("passed: failed its check (command: exit 1")
     assert reasons[5].startswith("passed: failed its check (command: timed out")
     kept_too = trajkit(
-        *run_args(dataset, out, name, "--resume", "--filter", "passed", "--passed.keep_unscored")
+        *run_args(dataset, out, name, "--resume", "--filter", "passed", "--passed.keep_unscored", *allow)
     )
     assert kept_too.returncode == 0, kept_too.stderr
     assert set(by_index(run_dir / "trajectories.jsonl")) == PASSING | {6}

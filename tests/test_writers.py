@@ -443,7 +443,7 @@ def test_export_leaves_nothing_behind_when_it_fails(run: Run, tmp_path: Path) ->
     assert [p.name for p in out.parent.iterdir()] == ["data.jsonl"], "no temporary file left"
 
 
-def test_export_needs_a_finished_run(tmp_path: Path) -> None:
+def test_export_needs_a_run(tmp_path: Path) -> None:
     result = trajkit("export", str(tmp_path), "--format", "hermes")
     assert result.returncode == 1
-    assert "trajectories.jsonl does not exist" in result.stderr
+    assert f"{tmp_path} is not a trajkit run directory (no run.json, no ledger)" in result.stderr

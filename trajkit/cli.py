@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -89,14 +90,34 @@ def run(ctx: click.Context, **flags: Any) -> None:
             "--api_key: the key is visible to every process of this machine; "
             "prefer the environment or --api_key_file"
         )
+    resume_dir = flags.pop("resume_dir")
     given, places = read_given(ctx, flags)
     if listing:  # with this command's settings: a toolset's problem depends on them
         print_distributions(host, configure(host, given, places))
         return
-    for required in ("dataset_file", "run_name"):
-        if not given.get(required):
-            raise click.UsageError(f"--{required} is required (on the command line or in --config)")
+    if resume_dir is not None:
+        given.update(resume_settings(given, Path(resume_dir) if resume_dir else None))
+    if not given.get("run_name"):
+        raise click.UsageError(
+            "--run_name is required (on the command line or in --config), or --resume RUN_DIR"
+        )
+    if not given.get("dataset_file") and not given.get("resume"):
+        raise click.UsageError("--dataset_file is required (on the command line or in --config)")
     ctx.exit(execute(configure(host, given, places), host))
+
+
+def resume_settings(given: dict[str, Any], run_dir: Path | None) -> dict[str, Any]:
+    """``--resume`` or ``--resume RUN_DIR``: continue a run, named by its directory or by
+    --output_dir and --run_name as before."""
+    if run_dir is None:
+        return {"resume": True}
+    if not run_dir.is_dir():
+        raise click.BadParameter(f"{run_dir}: no such run directory", param_hint="--resume")
+    named = {"output_dir": run_dir.parent, "run_name": run_dir.name}
+    for key, value in named.items():
+        if given.get(key) is not None and Path(str(given[key])) != Path(str(value)):
+            raise click.UsageError(f"--resume {run_dir} and --{key} {given[key]} name different runs")
+    return {"resume": True, **named}
 
 
 def read_given(ctx: click.Context, flags: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -107,8 +128,10 @@ def read_given(ctx: click.Context, flags: dict[str, Any]) -> tuple[dict[str, Any
     except ConfigFileError as exc:
         raise click.UsageError(str(exc)) from None
     given, places = given_settings(ctx, flags, from_file, config_path)
-    prefill = flags.get("prefill_messages_file")
+    prefill = given.get("prefill_messages_file")
     if prefill:
+        if not Path(prefill).is_file():
+            raise click.BadParameter(f"{prefill}: no such file", param_hint="--prefill_messages_file")
         given["prefill_messages"] = read_prefill(Path(prefill))
     return given, places
 
@@ -126,7 +149,18 @@ def configure(host: PluginHost, given: dict[str, Any], places: dict[str, str]) -
 def run_params(host: PluginHost) -> list[click.Parameter]:
     """The flags of ``trajkit run``: the core's settings, its own flags, every plugin's settings."""
     return [
-        *model_options(RunConfig, group="Run"),
+        *model_options(RunConfig, group="Run", skip=("resume",)),
+        SettingOption(
+            [*spellings("resume"), "resume_dir"],
+            group="Run",
+            is_flag=False,
+            flag_value="",
+            default=None,
+            metavar="[RUN_DIR]",
+            help="Continue the run with the settings it was made with (run.json): --resume RUN_DIR "
+            "alone, or with --output_dir and --run_name; flags given override them, and a changed "
+            "setting that shapes the output needs --allow_change KEY.",
+        ),
         SettingOption(
             [*spellings("config"), "config"],
             group="Run",
@@ -136,6 +170,7 @@ def run_params(host: PluginHost) -> list[click.Parameter]:
         ),
         SettingOption(
             [*spellings("prefill_messages_file"), "prefill_messages_file"],
+            target=("prefill_messages_file",),
             group="Run",
             default=None,
             type=click.Path(path_type=Path, exists=True, dir_okay=False),
@@ -155,12 +190,14 @@ def execute(config: RunConfig, host: PluginHost) -> int:
     """Run and report; returns the process exit code."""
     from trajkit.dataset import DatasetError
     from trajkit.model import ModelConfigError
+    from trajkit.run_settings import resume_command
     from trajkit.rundir import RunIOError, RunLocked
     from trajkit.runner import EXIT_IO, EXIT_LOCKED, EXIT_USAGE, RunError, Runner
     from trajkit.tools import ToolsetError
 
     _wait_for_children_in_the_loop()
     _raise_open_file_limit()
+    runner: Runner | None = None
     try:
         runner = Runner(config, host)
         outcome = asyncio.run(runner.run())
@@ -174,12 +211,13 @@ def execute(config: RunConfig, host: PluginHost) -> int:
         if not isinstance(exc, RunIOError):
             exc = RunIOError.of(exc, config.run_dir)
         click.echo(f"error: {exc}", err=True)
-        click.echo(f"once that is fixed, continue with: {_resume_command(config)}", err=True)
+        command = runner.resume_command() if runner is not None else resume_command(config)
+        click.echo(f"once that is fixed, continue with: {command}", err=True)
         return EXIT_IO
     stats = outcome.statistics
     samples = int(stats.get("samples_per_prompt", 1))
     click.echo(
-        f"{config.run_dir}: {stats['done']}/{stats.get('work_items', stats['dataset_rows'])} "
+        f"{runner.run_dir}: {stats['done']}/{stats.get('work_items', stats['dataset_rows'])} "
         + (f"samples done ({stats['dataset_rows']} rows x {samples}), " if samples > 1 else "rows done, ")
         + f"{stats['kept']} kept, "
         f"{stats['rejected']} rejected, {stats['pending']} pending"
@@ -196,15 +234,33 @@ def execute(config: RunConfig, host: PluginHost) -> int:
             err=True,
         )
     if stats["pending"] or runner.interrupted:
-        click.echo(f"to finish: {_resume_command(config)}", err=True)
+        click.echo(finish_hint(runner, stats), err=True)
     return outcome.exit_code
 
 
-def _resume_command(config: RunConfig) -> str:
-    return (
-        f"trajkit run --dataset_file {config.dataset_file} --run_name {config.run_name} "
-        f"--output_dir {config.output_dir} --resume"
-    )
+def finish_hint(runner: Any, stats: dict[str, Any]) -> str:
+    """What continues the run: a command that works as printed (at ``--max_cost``, with a cap that
+    covers the rows still pending at the run's mean cost per session), after what it cannot hold."""
+    from trajkit.run_settings import unsaved_secrets
+
+    config = runner.config
+    extra: list[str] = []
+    lines = [
+        f"{'--' + key} is never saved: give it again, or use the environment or a key file"
+        for key in unsaved_secrets(config)
+    ]
+    cap = config.max_cost
+    if cap is not None and runner.stop_reason and "--max_cost" in runner.stop_reason:
+        attempts = stats["done"] + stats["failures"]["failed_attempts"]
+        mean = stats["spent"]["cost"] / attempts if attempts else 0.0
+        needed = stats["spent"]["cost"] + stats["pending"] * mean
+        suggested = math.ceil((max(needed, cap) * 1.1 + mean) * 100) / 100
+        extra = ["--max_cost", f"{suggested:.2f}"]
+        lines.append(
+            f"--max_cost {cap:g} reached: the {stats['pending']} pending need about "
+            f"${needed - stats['spent']['cost']:,.4f} more at ${mean:,.4f} a session"
+        )
+    return "\n".join([*lines, f"to finish: {runner.resume_command(*extra)}"])
 
 
 def _wait_for_children_in_the_loop() -> None:
@@ -353,21 +409,28 @@ def plugins(ctx: click.Context) -> None:
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
-def status(run_dir: Path) -> None:
-    """Where a run stands: done, rejected, failing, pending."""
-    from trajkit.finalize import run_status
+@click.pass_context
+def status(ctx: click.Context, run_dir: Path) -> None:
+    """Where a run stands, from its ledger as it is now: done, rejected, failing, pending, spent."""
+    from trajkit.run_view import NotARun, run_status
     from trajkit.rundir import RunIOError
     from trajkit.runner import EXIT_IO
 
     try:
-        summary = run_status(run_dir)
+        summary = run_status(run_dir, load_host(ctx))
+    except NotARun as exc:
+        raise click.ClickException(str(exc)) from None
     except (RunIOError, OSError) as exc:
         click.echo(f"error: {exc if isinstance(exc, RunIOError) else RunIOError.of(exc, run_dir)}", err=True)
         sys.exit(EXIT_IO)
     problems = summary.pop("problems")
     final = summary.pop("failed_for_good_rows")
+    note = summary.pop("note")
     for key, value in summary.items():
-        click.echo(f"{key:18} {value}")
+        if value is not None and value != {}:
+            click.echo(f"{key:18} {value}")
+    if note:
+        click.echo(f"note: {note}; the figures above come from the ledger alone")
     for problem in problems:
         click.echo(f"bad ledger line: {problem} (its prompt runs again on --resume)")
     for line in final:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
+import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from trajkit.compress.step import CompressStep
 
@@ -20,12 +23,32 @@ DEFAULT_SYSTEM_PROMPT = (
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
-# Settings that change what a session produces: resuming with any of them changed mixes two
-# configurations in one dataset, so the run warns and records it.
-# Plugin settings of this kind say so with ``json_schema_extra={"affects_output": True}``.
-OUTPUT_AFFECTING = (
-    "model", "distribution", "toolsets", "disabled_toolsets", "max_turns", "seed", "system_prompt"
-)  # fmt: skip
+PER_INVOCATION = frozenset({"resume", "overwrite", "allow_change", "verbose", "quiet", "log_prefix_chars"})
+"""Settings of one invocation alone: a resume never takes them from the run's saved settings."""
+OPERATIONAL = PER_INVOCATION | {
+    "output_dir",
+    "run_name",
+    "batch_size",
+    "num_workers",
+    "max_cost",
+    "max_cost_policy",
+    "max_attempts",
+    "retry_backoff",
+    "writers",
+    "compress",
+    "prefill_messages_file",
+}
+"""The core's settings that do not change what a session produces or which trajectories are kept
+(how fast, how many at once, what is spent, which files are rendered from the whole ledger): a
+resume may change them freely. Every other core setting shapes the output, so a resume that
+changes it is refused unless ``--allow_change KEY`` says so (:mod:`trajkit.run_settings`). A
+plugin's setting that shapes the output says so with ``json_schema_extra={"affects_output": True}``;
+every setting of a filter does (it decides what is kept)."""
+FINGERPRINTED = {
+    "ephemeral_system_prompt": "ephemeral_system_prompt_sha256",
+    "prefill_messages": "prefill_messages_sha256",
+}
+"""Settings used but never saved: run.json holds a fingerprint of each, under these keys."""
 
 
 class Route(BaseModel):
@@ -87,7 +110,11 @@ class RunConfig(BaseModel):
     """Trajectories per row: each sample is a work item of its own (own toolset draw, own model
     sampling), counted by resume; the outputs keep a row's samples together."""
     resume: bool = False
-    """Continue the run in the run directory."""
+    """Continue the run in the run directory with the settings it was made with (run.json);
+    on the command line, --resume RUN_DIR names the directory alone."""
+    allow_change: list[str] = Field([], json_schema_extra=flag(repeat=True))
+    """A setting that shapes the output which this --resume may change from the run's own
+    (repeatable; each change is recorded in run.json)."""
     overwrite: bool = False
     """Delete an existing run of this name first."""
     seed: int = 0
@@ -99,7 +126,12 @@ class RunConfig(BaseModel):
     log_prefix_chars: int = Field(100, ge=0)
     """Characters of each tool call and result shown in verbose logs."""
     max_cost: float | None = Field(None, ge=0)
-    """Stop starting sessions once the run has cost this much (every answer counts)."""
+    """What the run may spend (every model answer of every invocation counts): a new session
+    starts only while what was spent plus the sessions in flight at the run's mean cost per
+    session stays under it."""
+    max_cost_policy: Literal["finish", "stop"] = "finish"
+    """At --max_cost: 'finish' lets the sessions in flight end; 'stop' stops them (each recorded
+    as a 'budget' failure, run again by a --resume with a larger --max_cost)."""
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     """The saved system prompt (default: a built-in one)."""
@@ -110,6 +142,9 @@ class RunConfig(BaseModel):
     )
     """Few-shot messages used in every session, never saved (on the command line: a JSON file of
     them, --prefill_messages_file)."""
+    prefill_messages_file: Path | None = Field(None, json_schema_extra=flag(cli=False))
+    """The file --prefill_messages_file read them from: run.json keeps its name (never the
+    messages) so that a resume can say which file to give again."""
 
     sandbox: str = "local"
     """Backend for rows without an image."""
@@ -203,7 +238,8 @@ class RunConfig(BaseModel):
         flat: dict[str, Any] = {}
         for section in self.model_options.values():
             if isinstance(section, BaseModel):
-                for key, value in section.model_dump(mode="json").items():
+                public = section.model_dump(mode="json", exclude=secret_fields(section))
+                for key, value in public.items():
                     flat.setdefault(key, value)
         return flat
 
@@ -214,8 +250,15 @@ class RunConfig(BaseModel):
         return secret_values(dict(self))
 
     def watched(self) -> tuple[str, ...]:
-        """The manifest keys that change what a session produces: the core's and those the model
-        client's settings mark with ``affects_output``."""
+        """The keys of :meth:`manifest` that shape what the run produces: every core setting but
+        :data:`OPERATIONAL` (a never-saved one by its fingerprint) and the model client's settings
+        marked ``affects_output``. (Other plugins' such settings are in their sections:
+        :func:`trajkit.run_settings.guarded_settings`.)"""
+        core = [
+            FINGERPRINTED.get(name, name)
+            for name in type(self).model_fields
+            if name not in OPERATIONAL and not name.endswith("_options")
+        ]
         marked = [
             key
             for section in self.model_options.values()
@@ -223,19 +266,65 @@ class RunConfig(BaseModel):
             for key, field in type(section).model_fields.items()
             if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("affects_output")
         ]
-        return (*OUTPUT_AFFECTING, *marked)
+        return (*core, *marked)
 
     def manifest(self) -> dict[str, Any]:
-        """The configuration as saved in the run directory: secrets and ephemeral parts left out,
-        the model client's settings at the top level as in a configuration file."""
+        """The configuration as saved in the run directory's ``run.json``: every setting but the
+        secrets (``SecretStr`` settings are left out, not masked) and the parts used but never
+        saved (the ephemeral system prompt and the prefill messages: a fingerprint of each), the
+        model client's settings at the top level as in a configuration file, and the dataset as
+        an absolute path, so a resume from another directory reads the same file."""
         data = self.model_dump(
             mode="json",
-            exclude={"ephemeral_system_prompt", "prefill_messages", "model_options"},
+            exclude={
+                **secret_fields(self),
+                "ephemeral_system_prompt": True,
+                "prefill_messages": True,
+                "model_options": True,
+            },
         )
         data.update({k: v for k, v in self.model_settings().items() if k not in data})
+        if self.dataset_file is not None and not str(self.dataset_file).startswith("hf:"):
+            data["dataset_file"] = os.path.abspath(self.dataset_file)
         data["ephemeral_system_prompt_used"] = self.ephemeral_system_prompt is not None
         data["prefill_messages_used"] = len(self.prefill_messages)
+        data[FINGERPRINTED["ephemeral_system_prompt"]] = fingerprint(self.ephemeral_system_prompt)
+        data[FINGERPRINTED["prefill_messages"]] = fingerprint(self.prefill_messages or None)
         return data
+
+
+def fingerprint(value: Any) -> str | None:
+    """A hash of a setting that is used but never saved, so a resume can tell whether it changed."""
+    if value is None:
+        return None
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def secret_fields(settings: Any) -> dict[Any, Any]:
+    """The ``SecretStr`` settings held by ``settings`` as pydantic's nested ``exclude`` argument,
+    so a dump leaves them out (a masked value would be read back as the secret)."""
+    if isinstance(settings, BaseModel):
+        fields = type(settings).model_fields
+        items = [
+            (key, SecretStr("") if _holds_secret(field.annotation) else getattr(settings, key))
+            for key, field in fields.items()
+        ]
+    elif isinstance(settings, dict):
+        items = list(settings.items())
+    else:
+        return {}
+    found: dict[Any, Any] = {}
+    for key, value in items:
+        inner: Any = True if isinstance(value, SecretStr) else secret_fields(value)
+        if inner:
+            found[key] = inner
+    return found
+
+
+def _holds_secret(annotation: Any) -> bool:
+    """A ``SecretStr`` field (``SecretStr | None`` too), whatever its value: left out even when unset."""
+    return annotation is SecretStr or SecretStr in getattr(annotation, "__args__", ())
 
 
 class ConfigFileError(ValueError):

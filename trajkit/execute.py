@@ -12,21 +12,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from trajkit.agent import ConversationResult, Session, run_conversation
 from trajkit.distributions import rng_for
-from trajkit.executor import Driver, Failed, Finished, SessionPlan, WorkOrder
+from trajkit.executor import Attempts, Failed, Finished, SessionPlan, WorkOrder
 from trajkit.manager import PluginHost
 from trajkit.model import ModelClient, ModelError
 from trajkit.ratelimit import session_deadline
 from trajkit.records import record_json
 from trajkit.retry import backoff_delay
-from trajkit.rundir import tool_schemas_key
 from trajkit.sandbox import ImageUnavailable, Sandbox, SandboxBackend, SandboxError, SandboxSpec
 from trajkit.scorers import ScoreContext, Scorer, score_session
+from trajkit.tool_catalog import tool_schemas_key
 from trajkit.tools import Tool, ToolRun, ToolSession, close_session, close_tools, open_toolsets
 
 if TYPE_CHECKING:
@@ -103,6 +103,11 @@ class Sessions:
     def spent(self) -> float:
         return self.client.spent() if self.client is not None else 0.0
 
+    def listen(self, listener: Callable[[], None] | None) -> None:
+        """Have ``listener`` called as each model answer is counted (:meth:`ModelClient.listen`)."""
+        assert self.client is not None, "Sessions.open() first"
+        self.client.listen(listener)
+
     async def close(self) -> None:
         """Close the client, reap this run's sandboxes and close the backends."""
         if self.client is not None:
@@ -118,7 +123,7 @@ class Sessions:
             except Exception as exc:
                 log.warning("%s: cleanup failed: %s", name, exc)
 
-    async def run(self, order: WorkOrder, driver: Driver) -> None:
+    async def run(self, order: WorkOrder, driver: Attempts) -> None:
         """Attempt a work order until it succeeds, fails for good, or runs out of attempts."""
         config = self.config
         for attempt in range(1, config.max_attempts + 1):

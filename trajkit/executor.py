@@ -64,7 +64,7 @@ class Finished:
     work_id: str
     record: dict[str, Any]
     tool_schemas: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
-    """Tool schema sets (key -> schemas, see :func:`trajkit.rundir.tool_schemas_key`) that the
+    """Tool schema sets (key -> schemas, see :func:`trajkit.tool_catalog.tool_schemas_key`) that the
     record's ``tool_schemas_key`` names and that were not handed back before by this executor;
     sending a set more than once is allowed."""
 
@@ -90,18 +90,40 @@ class Failed:
 Outcome = Finished | Failed
 
 
-class Driver(Protocol):
-    """What the runner offers an executor, called on the runner's event loop."""
-
-    def may_start(self) -> bool:
-        """Whether a new work item may start; once False (``--max_cost`` reached, a disk error, a
-        failure that stops the run), it stays False: start no more, finish those in flight."""
+class Attempts(Protocol):
+    """Where the attempts of work items are reported (what :meth:`trajkit.execute.Sessions.run`
+    needs of a :class:`Driver`)."""
 
     def started(self, work_id: str, attempt: int) -> None:
-        """An attempt of a work item has started (for the progress display)."""
+        """An attempt of a work item has started (for the progress display and the budget)."""
 
     def report(self, outcome: Outcome) -> None:
         """An attempt has ended: the runner records it (ledger, ``failures.jsonl``, counters)."""
+
+
+class Driver(Attempts, Protocol):
+    """What the runner offers an executor, called on the runner's event loop."""
+
+    def may_start(self) -> bool:
+        """Whether one more work item may start now; True admits it (start it). False while the
+        budget cannot take another session yet (``--max_cost``: it may be True again once an
+        answer arrives or a session ends), and for good once :meth:`stopped`."""
+
+    async def admit(self) -> bool:
+        """Wait until one more work item may start (True: start it), or the run stops admitting
+        any (False). For executors that can wait; others call :meth:`may_start` again later."""
+
+    def withdraw(self) -> None:
+        """A work item admitted by :meth:`may_start` will not start after all (it goes back to be
+        admitted again: an actor was lost before it started it)."""
+
+    def stopped(self) -> bool:
+        """No new work item will be admitted any more (``--max_cost`` reached, a disk error, a
+        failure that stops the run): start no more, finish those in flight."""
+
+    def paid(self) -> None:
+        """:meth:`Executor.statistics` has grown (a model answer arrived): the runner saves what
+        was spent at once. Call it as soon as the executor learns of an answer."""
 
 
 class Executor(ABC):
@@ -114,13 +136,15 @@ class Executor(ABC):
        start the backends the plan names, verify its images. An error here stops the run before
        any session starts.
     2. :meth:`execute` with the pending :class:`WorkOrder` s and a :class:`Driver`. Before starting
-       a work item, ask ``driver.may_start()``; report each attempt's start with
-       ``driver.started`` and its end with ``driver.report`` (a :class:`Finished` record or a
-       :class:`Failed` attempt). Retrying a work item within the invocation (up to
+       a work item, be admitted (``await driver.admit()``, or ``driver.may_start()`` asked again
+       until ``driver.stopped()``); report each attempt's start with ``driver.started`` and its
+       end with ``driver.report`` (a :class:`Finished` record or a :class:`Failed` attempt), and
+       each growth of the model's spend with ``driver.paid()`` as soon as it is known. Retrying a work item within the invocation (up to
        ``config.max_attempts``, with ``config.retry_backoff``) is the executor's, and each failed
        attempt is reported. Return once every work order has ended or may not start. The task
        running :meth:`execute` is cancelled when the run is interrupted (SIGINT/SIGTERM): stop
        the sessions in flight, closing their sandboxes, and return or raise ``CancelledError``.
+       (It is cancelled too when ``--max_cost_policy stop`` ends the sessions in flight.)
     3. :meth:`statistics` and :meth:`spent` at any time: what the model answers received so far
        have cost, summed over everywhere sessions run (``--max_cost`` holds to it, ``run.json``
        keeps it).

@@ -18,8 +18,8 @@ from trajkit.config import RunConfig
 from trajkit.dataset import WorkItem
 from trajkit.filters import Record, TrajectoryFilter
 from trajkit.jsonutil import dumps_line
-from trajkit.ledger import LedgerIndex, Location, RecordReader, read_jsonl, scan
-from trajkit.permanent import SHOWN_ROWS, describe, failed_for_good
+from trajkit.ledger import LedgerIndex, Location, RecordReader, read_jsonl
+from trajkit.permanent import SHOWN_ROWS
 from trajkit.rundir import (
     CHECKPOINT_FILE,
     FAILURES_FILE,
@@ -28,15 +28,13 @@ from trajkit.rundir import (
     STATISTICS_FILE,
     atomic_replace,
     batch_files,
-    lock_holder,
-    read_json_object,
-    read_statistics,
-    read_tool_schemas,
+    ledger_state,
     spent,
     summed,
     write_checkpoint,
     write_statistics,
 )
+from trajkit.tool_catalog import read_tool_schemas
 from trajkit.writers import OutputWriter
 
 log = logging.getLogger("trajkit")
@@ -205,13 +203,16 @@ def finalize(
     filters: Sequence[TrajectoryFilter],
     writers: Sequence[OutputWriter],
     run_tools: list[str],
+    out_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Write every writer's output and ``rejected.jsonl``; return the record statistics."""
+    """Write every writer's output and ``rejected.jsonl`` into ``out_dir`` (the run directory by
+    default); return the record statistics. Without writers nothing is written: only counted."""
+    out = out_dir or run_dir
     # Temporary files of a merge that a crash cut short; only the merge's own: `trajkit export`
     # may be writing its output in the run directory right now.
     ours = [w.filename for w in writers] + [REJECTED_FILE, STATISTICS_FILE, CHECKPOINT_FILE, MANIFEST_FILE]
-    for name in ours:
-        for leftover in run_dir.glob(f".{name}.*"):
+    for name in ours if writers else ():
+        for leftover in out.glob(f".{name}.*"):
             leftover.unlink(missing_ok=True)
     offer_tool_schemas(writers, run_dir)
     done = [(item, location) for item, location in paired if location is not None]
@@ -228,8 +229,12 @@ def finalize(
             yield record, rejection(record, filters)
 
     try:
+        if not writers:
+            for record, reason in records():
+                tally.add(record, reason)
+            return tally.as_dict()
         with (
-            atomic_replace(run_dir / REJECTED_FILE) as rejected_path,
+            atomic_replace(out / REJECTED_FILE) as rejected_path,
             rejected_path.open("wb") as rejected_out,
         ):
 
@@ -247,10 +252,10 @@ def finalize(
                         rejected_out.write(dumps_line({**line, "record": record}))
 
             first, *others = writers
-            with atomic_replace(run_dir / first.filename) as path:
+            with atomic_replace(out / first.filename) as path:
                 first.write(kept(), path)
             for writer in others:
-                with atomic_replace(run_dir / writer.filename) as path:
+                with atomic_replace(out / writer.filename) as path:
                     writer.write((r for r, reason in records() if reason is None), path)
     finally:
         reader.close()
@@ -275,19 +280,24 @@ def merge_run(
     writers: Sequence[OutputWriter],
     run_tools: list[str],
     manifest: dict[str, Any],
+    out_dir: Path | None = None,
     settled: Mapping[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The merge, then ``statistics.json`` and ``checkpoint.json``, all from the ledger; returns the
     statistics. What was spent counts every model response of every invocation, killed ones too.
-    ``settled``: the rows failed for good (:func:`trajkit.permanent.failed_for_good`), neither done
-    nor pending."""
-    for bad in index.bad:
+    With ``out_dir`` the outputs and ``statistics.json`` go there (a reader's view of a run that
+    it must not write) and no checkpoint is written; without writers nothing is written at all:
+    the statistics of the ledger as it stands are only counted. ``settled``: the rows failed for
+    good (:func:`trajkit.permanent.failed_for_good`), neither done nor pending."""
+    state = ledger_state(run_dir)  # before reading: a run going on may add to it meanwhile
+    for bad in index.bad if writers else ():
         log.warning("ledger line skipped, its prompt runs again: %s", bad)
     missing = {item.work_id for item, location in paired if location is None}
     final = {work_id: entry for work_id, entry in (settled or {}).items() if work_id in missing}
     pending = missing - set(final)
-    records = finalize(run_dir, paired, index, filters, writers, run_tools)
-    invocations = manifest["invocations"]
+    records = finalize(run_dir, paired, index, filters, writers, run_tools, out_dir)
+    invocations = manifest.get("invocations") or []
+    spend = spent(run_dir, invocations)
     statistics = {
         "run_name": manifest.get("run_name"),
         "dataset_rows": len({item.index for item, _ in paired}),
@@ -297,28 +307,39 @@ def merge_run(
         "pending": len(pending),
         "failed_for_good": len(final),
         **records,
-        "spent": spent(invocations),
+        "spent": spend,
         "failures": failure_summary(run_dir, pending, final),
         "invocations": len(invocations),
         "wall_seconds": round(sum(i.get("wall_seconds", 0) for i in invocations), 3),
         "bad_ledger_lines": len(index.bad),
         "secrets_scrubbed": sum(i.get("secrets_scrubbed", 0) for i in invocations),
-        "model_client": summed([i.get("model_client") or {} for i in invocations]),
+        "model_client": _client_counters(invocations, spend),
+        "ledger_state": state,
     }
-    write_statistics(run_dir, statistics)
-    config = manifest.get("config") or {}
-    write_checkpoint(
-        run_dir,
-        {
-            "run_name": manifest.get("run_name"),
-            "dataset_file": config.get("dataset_file"),
-            "done": statistics["done"],
-            "pending": sorted(pending),
-            "ledger_files": [path.name for _, path in batch_files(run_dir)],
-            "outputs": [w.filename for w in writers] + [REJECTED_FILE],
-        },
-    )
+    if not writers:
+        return statistics
+    write_statistics(out_dir or run_dir, statistics)
+    if out_dir is None:
+        config = manifest.get("config") or {}
+        write_checkpoint(
+            run_dir,
+            {
+                "run_name": manifest.get("run_name"),
+                "dataset_file": config.get("dataset_file"),
+                "done": statistics["done"],
+                "pending": sorted(pending),
+                "ledger_files": [path.name for _, path in batch_files(run_dir)],
+                "outputs": [w.filename for w in writers] + [REJECTED_FILE],
+            },
+        )
     return statistics
+
+
+def _client_counters(invocations: list[dict[str, Any]], spend: dict[str, float]) -> dict[str, float]:
+    """The model client's counters over every invocation, what was spent as the spend files say
+    (to each invocation's last answer, killed ones included)."""
+    counters = summed([i.get("model_client") or {} for i in invocations])
+    return {**counters, **{key: value for key, value in spend.items() if key in counters or value}}
 
 
 def _samples_per_prompt(paired: list[tuple[WorkItem, Location | None]]) -> int:
@@ -329,16 +350,15 @@ def warn_if_all_rejected(statistics: dict[str, Any], config: RunConfig) -> None:
     """An empty output because the filters rejected everything: say which, and how to merge again."""
     if not statistics["trajectories"] or statistics["kept"]:
         return
+    from trajkit.run_settings import resume_command
+
     filters = sorted(statistics["rejected_by_filter"])
+    disable = [part for name in filters for part in ("--no_filter", name)]
     log.warning(
-        "every trajectory was rejected (by %s): the outputs are empty; to merge again without %s: "
-        "trajkit run --dataset_file %s --run_name %s --output_dir %s --resume %s",
+        "every trajectory was rejected (by %s): the outputs are empty; to merge again without %s: %s",
         ", ".join(filters),
         "it" if len(filters) == 1 else "them",
-        config.dataset_file,
-        config.run_name,
-        config.output_dir,
-        " ".join(f"--no_filter {name}" for name in filters),
+        resume_command(config, *disable, "--allow_change", "disabled_filters"),
     )
 
 
@@ -367,40 +387,4 @@ def failure_summary(
             {key: entry.get(key) for key in ("prompt_index", "work_id", "error_class", "message")}
             for entry in shown[:SHOWN_ROWS]
         ],
-    }
-
-
-def run_status(run_dir: Path) -> dict[str, Any]:
-    """Where a run stands, from its files alone (for ``trajkit status``); works on a run that another
-    invocation holds, and on damaged derived files (with a warning)."""
-    statistics = read_statistics(run_dir) or {}
-    index = scan(run_dir)
-    settled = failed_for_good(run_dir, index.records)
-    failing = {
-        e["work_id"]
-        for e in read_jsonl(run_dir / FAILURES_FILE)
-        if e.get("work_id") not in index.records and e.get("work_id") not in settled
-    }
-    manifest = read_json_object(
-        run_dir / MANIFEST_FILE, {"invocations": list}, "the next invocation rebuilds it"
-    )
-    holder = lock_holder(run_dir)
-    return {
-        "run_dir": str(run_dir),
-        "running": str(holder) if holder else "no",
-        "finished_records": len(index.records),
-        "dataset_rows": statistics.get("dataset_rows"),
-        "samples_per_prompt": statistics.get("samples_per_prompt"),
-        "work_items": statistics.get("work_items"),
-        "done": statistics.get("done"),
-        "kept": statistics.get("kept"),
-        "rejected": statistics.get("rejected"),
-        "pending": statistics.get("pending"),
-        "failing": len(failing),
-        "failed_for_good": len(settled),
-        "bad_ledger_lines": len(index.bad),
-        "invocations": len(manifest["invocations"]) if manifest else None,
-        "spent": spent(manifest["invocations"])["cost"] if manifest else None,
-        "problems": [str(bad) for bad in index.bad],
-        "failed_for_good_rows": describe(settled),
     }

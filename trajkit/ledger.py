@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from trajkit.dataset import WorkItem
+from trajkit.dataset import PlannedRow, WorkItem
 from trajkit.jsonutil import dumps_line, loads
 from trajkit.rundir import batch_files, batch_path
 
@@ -455,6 +455,25 @@ def assign(items: list[WorkItem], index: LedgerIndex) -> list[tuple[WorkItem, Lo
         occupied.add(occurrence)
         next_free[item.prompt_id] = occurrence + 1
         paired.append((replace(item, occurrence=occurrence), None))
+    return paired
+
+
+SERVED = "serve"
+"""The backend named in a served session's identity (``trajkit serve --record``)."""
+
+
+def in_ledger_order(index: LedgerIndex) -> list[tuple[WorkItem, Location | None]]:
+    """The records of a run without a dataset (served sessions), each as the merge sees a dataset
+    row: numbered by its position in the ledger."""
+    ordered = sorted(index.records.items(), key=lambda pair: (pair[1].file, pair[1].offset))
+    paired: list[tuple[WorkItem, Location | None]] = []
+    for position, (work_id, location) in enumerate(ordered):
+        identity, _, occurrence = work_id.rpartition(".")
+        row = PlannedRow(prompt="", image=None, cwd=None, backend=SERVED, extra=None)
+        item = WorkItem(
+            index=position, line=position + 1, row=row, prompt_id=identity, occurrence=int(occurrence)
+        )
+        paired.append((item, location))
     return paired
 
 

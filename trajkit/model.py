@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -174,6 +174,18 @@ class ModelClient(ABC):
         0.0 for a client that costs nothing or cannot know.
         """
         return 0.0
+
+    def listen(self, listener: Callable[[], None] | None) -> None:
+        """Have ``listener`` called each time the client has counted a model answer (see
+        :meth:`answered`): the runner saves what was spent then, so a killed run loses none of it."""
+        self._answer_listener = listener
+
+    def answered(self) -> None:
+        """Subclasses call this once an answer received is counted in :meth:`statistics` and
+        :meth:`spent`. A client that never does has its spend saved as its sessions end instead."""
+        listener = getattr(self, "_answer_listener", None)
+        if listener is not None:
+            listener()
 
     async def aclose(self) -> None:
         """Release connections at the end of the run."""

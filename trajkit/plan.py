@@ -99,9 +99,9 @@ class Work:
         return paired, [WorkOrder(item, self.routes[item.index]) for item, found in paired if found is None]
 
 
-def read_work(config: RunConfig, host: PluginHost) -> Work:
+def read_work(config: RunConfig, host: PluginHost, *, quiet: bool = False) -> Work:
     """The dataset's rows (up to ``--max_samples``) routed to backends, each row's samples; invalid
-    rows (and rows whose check a scorer cannot use) logged."""
+    rows (and rows whose check a scorer cannot use) logged unless ``quiet``."""
     path = check_dataset_file(config.dataset_file)
     if config.max_samples == 0:
         raise RunError("--max_samples 0 selects no rows")
@@ -116,7 +116,7 @@ def read_work(config: RunConfig, host: PluginHost) -> Work:
     items = with_samples(
         [item for item in items if item.index in routes and item.line not in bad], config.samples_per_prompt
     )
-    for error in row_errors:
+    for error in row_errors if not quiet else ():
         log.error("%s", error)
     if not items:
         shown = display_path(path)

@@ -2,10 +2,10 @@
 
 Every command that reads or writes a run goes through here. The ledger (``batch_N.jsonl``) is the
 truth; ``statistics.json``, ``checkpoint.json`` and ``rejected.jsonl`` are derived from it by each
-merge, and ``run.json`` keeps what the ledger cannot (the configuration, each invocation and what
-it spent). ``tools.json`` keeps the tool schemas offered to the model, once per distinct set, which
-records name by key. A derived file that is damaged or missing is rebuilt with a warning, never a
-crash.
+merge, and ``run.json`` keeps what the ledger cannot (the run's settings, each invocation), the
+spend files (``spend/RUN_ID.jsonl``) what each invocation's model answers cost, to the last one.
+``tools.json`` keeps the tool schemas offered to the model (:mod:`trajkit.tool_catalog`). A
+derived file that is damaged or missing is rebuilt with a warning, never a crash.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import contextlib
 import errno
 import fcntl
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -47,6 +46,10 @@ LOCK_FILE = "run.lock"
 """Not a dot file: the merge removes dot files (its own temporaries) left by a crash."""
 SPEND_KEYS = ("requests", "prompt_tokens", "completion_tokens", "cost")
 """What a model client counts over every response it received (``ModelClient.statistics``)."""
+SPEND_DIR = "spend"
+"""One append-only file per invocation, ``spend/RUN_ID.jsonl``: a line of what the invocation's
+model answers have cost so far (:data:`SPEND_KEYS`) as each answer arrives, so that a killed
+invocation's spend is known to its last answer."""
 
 
 class RunIOError(Exception):
@@ -80,6 +83,22 @@ def batch_path(run_dir: Path, number: int) -> Path:
 
 def holds_a_run(run_dir: Path) -> bool:
     return bool(batch_files(run_dir)) or (run_dir / FAILURES_FILE).exists()
+
+
+def ledger_state(run_dir: Path) -> dict[str, list[int]]:
+    """The size and modification time of every file the statistics are made from (the ledger,
+    the failure log, the spend files): a merge notes them in ``statistics.json``, so a reader can
+    tell whether the ledger has changed since (:mod:`trajkit.run_view`)."""
+    paths = [path for _, path in batch_files(run_dir)] + [run_dir / FAILURES_FILE]
+    spend = run_dir / SPEND_DIR
+    if spend.is_dir():
+        paths += sorted(spend.iterdir())
+    state = {}
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            stat = path.stat()
+            state[str(path.relative_to(run_dir))] = [stat.st_size, stat.st_mtime_ns]
+    return state
 
 
 # -- atomic writes ---------------------------------------------------------------------------------
@@ -320,17 +339,70 @@ def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
     write_json_atomic(run_dir / MANIFEST_FILE, manifest)
 
 
-def spent(invocations: list[dict[str, Any]]) -> dict[str, float]:
-    """What every invocation sent and paid for (killed ones included: their entries are updated as
-    they go), summed from their model client counters."""
-    total = dict.fromkeys(SPEND_KEYS, 0.0)
+def spend_path(run_dir: Path, run_id: str) -> Path:
+    return run_dir / SPEND_DIR / f"{run_id}.jsonl"
+
+
+def read_spend(run_dir: Path) -> dict[str, dict[str, float]]:
+    """Run id -> what that invocation's model answers cost: the last whole line of its spend file."""
+    found: dict[str, dict[str, float]] = {}
+    directory = run_dir / SPEND_DIR
+    try:
+        paths = sorted(directory.iterdir()) if directory.is_dir() else []
+    except OSError as exc:
+        raise RunIOError(directory, exc) from None
+    for path in paths:
+        if path.suffix == ".jsonl" and not path.name.startswith("."):
+            last = _last_spend_line(path)
+            if last is not None:
+                found[path.stem] = last
+    return found
+
+
+_TAIL = 64 * 1024
+
+
+def _last_spend_line(path: Path) -> dict[str, float] | None:
+    """The last whole line of a spend file (one cut short by a kill is passed over)."""
+    try:
+        with path.open("rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - _TAIL))
+            lines = handle.read().split(b"\n")[:-1]  # what follows the last newline is no whole line
+            if size > _TAIL:
+                lines = lines[1:]  # the first may start mid-line
+    except OSError as exc:
+        raise RunIOError(path, exc) from None
+    for raw in reversed(lines):
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and all(isinstance(entry.get(k), int | float) for k in SPEND_KEYS):
+            return {k: entry[k] for k in SPEND_KEYS}
+    return None
+
+
+def spent(run_dir: Path, invocations: list[dict[str, Any]]) -> dict[str, float]:
+    """What every invocation of the run sent and paid for: each one's spend file (to its last
+    answer, killed invocations included), else what ``run.json`` says it spent (invocations made
+    before spend files, served sessions); a spend file whose invocation ``run.json`` lost counts too."""
+    files = read_spend(run_dir)
+    entries = list(files.values())
     for invocation in invocations:
         client = invocation.get("model_client")
-        if isinstance(client, dict):
-            for key in SPEND_KEYS:
-                value = client.get(key)
-                if isinstance(value, int | float):
-                    total[key] += value
+        if invocation.get("run_id") not in files and isinstance(client, dict):
+            entries.append(client)
+    return spend_total(entries)
+
+
+def spend_total(entries: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    total = dict.fromkeys(SPEND_KEYS, 0.0)
+    for entry in entries:
+        for key in SPEND_KEYS:
+            value = entry.get(key)
+            if isinstance(value, int | float):
+                total[key] += value
     return {k: (round(v, 6) if k == "cost" else int(v)) for k, v in total.items()}
 
 
@@ -380,20 +452,18 @@ class Manifest:
         return invocations
 
     def start(
-        self, config: dict[str, Any], plugins: dict[str, str], entry: dict[str, Any], watched: tuple[str, ...]
-    ) -> dict[str, list[Any]]:
-        """Record a new invocation; returns the ``watched`` settings that changed since the last."""
-        previous = self.data.get("config")
-        changes: dict[str, list[Any]] = {}
-        if isinstance(previous, dict):
-            changes = {
-                k: [previous.get(k), config.get(k)] for k in watched if previous.get(k) != config.get(k)
-            }
+        self,
+        config: dict[str, Any],
+        plugins: dict[str, str],
+        entry: dict[str, Any],
+        changes: Mapping[str, list[Any]],
+    ) -> None:
+        """Record a new invocation, the settings it runs with (the run's settings from now on) and
+        the output-shaping ``changes`` it makes to them (:mod:`trajkit.run_settings`)."""
         self.data["config"] = config
         self.data["plugins"] = plugins
-        self.invocations.append({**entry, "config_changes": changes})
+        self.invocations.append({**entry, "config_changes": dict(changes)})
         self.save()
-        return changes
 
     def update(self, **fields: Any) -> None:
         """Update the running invocation's entry and write the manifest."""
@@ -432,61 +502,3 @@ class ManifestKeeper:
     async def stop(self) -> None:
         self.stopping.set()
         await self.task
-
-
-# -- tools.json -----------------------------------------------------------------------------------
-
-ToolSchemas = list[dict[str, Any]]
-"""A set of tool schemas as the OpenAI ``tools`` list has them, sorted by tool name."""
-
-
-def tool_schemas_key(schemas: Sequence[Mapping[str, Any]]) -> str:
-    """The key of a set of tool schemas in ``tools.json``: a hash of exactly what they say."""
-    canonical = json.dumps(schemas, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
-def read_tool_schemas(run_dir: Path) -> dict[str, ToolSchemas]:
-    """``tools.json``: every schema set offered in the run, by key; empty for a run made before
-    the file existed (or with a warning when it is damaged: readers then use the installed tools)."""
-    data = read_json_object(
-        run_dir / TOOLS_FILE, {}, "the tools' schemas are taken from the installed plugins instead"
-    )
-    if data is None:
-        return {}
-    sets = {key: value for key, value in data.items() if _is_schema_list(value)}
-    if len(sets) != len(data):
-        log.warning("%s: entries that are not lists of tool schemas are ignored", run_dir / TOOLS_FILE)
-    return sets
-
-
-def _is_schema_list(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(s, dict) and isinstance(s.get("function"), dict) and "name" in s["function"] for s in value
-    )
-
-
-class ToolCatalog:
-    """``tools.json`` as the invocation holding the lock keeps it: each new schema set is added and
-    the file written whole (sets are few: one per combination of toolsets)."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / TOOLS_FILE
-        self.sets = read_tool_schemas(run_dir)
-        self.unsaved: dict[str, ToolSchemas] = {}
-        """Sets the disk refused so far, written with the next set or by :meth:`flush`."""
-
-    def add(self, sets: Mapping[str, ToolSchemas]) -> None:
-        """Keep the sets not known yet; a :class:`RunIOError` if the file cannot be written."""
-        new = {key: list(schemas) for key, schemas in sets.items() if key not in self.sets}
-        if new:
-            self.unsaved.update(new)
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.unsaved:
-            return
-        merged = {**self.sets, **self.unsaved}
-        # keys in the order the model was sent them: the writers render the schemas as text
-        write_atomic(self.path, json.dumps(merged, indent=2, ensure_ascii=False) + "\n")
-        self.sets, self.unsaved = merged, {}

@@ -18,22 +18,24 @@ import contextlib
 import gc
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from trajkit import __version__, plan
 from trajkit.compress import step as compress_step
 from trajkit.config import RunConfig
-from trajkit.dataset import RowError
+from trajkit.dataset import RowError, WorkItem
 from trajkit.execute import SessionFailure
 from trajkit.executor import Executor, SessionPlan, WorkOrder
 from trajkit.finalize import merge_run, warn_if_all_rejected
 from trajkit.hookspecs import RunInfo
-from trajkit.ledger import scan
+from trajkit.ledger import LedgerIndex, Location, read_jsonl, scan
 from trajkit.manager import PluginError, PluginHost
 from trajkit.permanent import failed_for_good, settings_key
 from trajkit.plan import RunError, Work
@@ -41,11 +43,25 @@ from trajkit.progress import Reporter
 from trajkit.recording import (
     HELD_RECORDS_WAIT,
     DriverView,
+    Earlier,
     RunRecorder,
     record_invocation_end,
     record_invocation_start,
 )
-from trajkit.rundir import LOCK_FILE, Manifest, ManifestKeeper, RunIOError, RunLock, holds_a_run, spent
+from trajkit.run_settings import resume_command, settings_for
+from trajkit.rundir import (
+    FAILURES_FILE,
+    LOCK_FILE,
+    SPEND_DIR,
+    Manifest,
+    ManifestKeeper,
+    RunIOError,
+    RunLock,
+    RunLocked,
+    holds_a_run,
+    lock_holder,
+    spent,
+)
 from trajkit.secrets import Scrubber, environment_secrets
 
 __all__ = [
@@ -93,9 +109,15 @@ class RunOutcome:
 
 
 class Runner:
-    """One invocation of ``trajkit run``: everything is resolved (and checked) when it is made."""
+    """One invocation of ``trajkit run``: everything is resolved (and checked) when it is made.
+
+    With ``resume`` the run's saved settings come first (:mod:`trajkit.run_settings`); a change
+    to one that shapes the output must be allowed (``allow_change``)."""
 
     def __init__(self, config: RunConfig, host: PluginHost) -> None:
+        if config.resume:  # the run's settings are read next: not while another invocation changes them
+            self._check_not_held(config.run_dir)
+        config, self.changes = settings_for(config, host)
         self.offer = plan.offer(config, host)
         if not self.offer.fixed and config.distribution is None:
             # The run remembers the distribution it draws, whatever the default may later be.
@@ -114,9 +136,12 @@ class Runner:
         self.lock = RunLock(self.run_dir)
         self.manifest: Manifest
         self.interrupted = False
+        self.stopping_sessions = False
+        """The sessions in flight are being stopped (Ctrl-C, or ``--max_cost_policy stop``)."""
         self.run_id = f"{config.run_name}-{os.getpid()}-{int(time.time())}"
         self.scrubber = Scrubber([*config.secret_values(), *environment_secrets()])
         self.recorder: RunRecorder | None = None
+        self.executor: Executor | None = None
         self.execution: asyncio.Future[None] | None = None
         """The executor's task while it runs the sessions (cancelled by SIGINT/SIGTERM)."""
 
@@ -124,8 +149,14 @@ class Runner:
     def stop_reason(self) -> str | None:
         return self.recorder.stop_reason if self.recorder is not None else None
 
+    def resume_command(self, *extra: str) -> str:
+        """The command that continues this run, complete as printed."""
+        return resume_command(self.config, *extra)
+
     async def run(self) -> RunOutcome:
-        """Check the dataset, hold the run directory, run what is pending, merge."""
+        """Check everything that can be checked without writing (the dataset, the run directory,
+        the executor's pre-flight: the endpoint, the backends, the images), then hold the run
+        directory, run what is pending and merge. Nothing is written before the checks pass."""
         if self.config.resume and self.config.overwrite:
             raise RunError("--resume continues the run and --overwrite deletes it: pass one of them")
         try:
@@ -133,36 +164,108 @@ class Runner:
         except compress_step.StepFailed as exc:
             raise RunError(str(exc)) from None
         work = plan.read_work(self.config, self.host)
+        self._check_run_dir()
+        index = LedgerIndex() if self.config.overwrite else scan(self.run_dir)
+        pending = self._pending(work, index)[1]
+        self.executor = await self._start_executor(pending) if pending else None
         try:
-            self._prepare_run_dir()
-            return await self._run(work)
+            self._take_run_dir()
+            try:
+                return await self._run(work)
+            finally:
+                self.lock.release()
         finally:
-            self.lock.release()
+            await self._close_executor()
+
+    async def _close_executor(self) -> None:
+        executor, self.executor = self.executor, None
+        if executor is not None:
+            await executor.aclose()
+
+    @staticmethod
+    def _check_not_held(run_dir: Path) -> None:
+        holder = lock_holder(run_dir)
+        if holder is not None:
+            raise RunLocked(run_dir, holder)
+
+    def _check_run_dir(self) -> None:
+        """What can be told of the run directory without writing: held by another invocation, or
+        holding a run that this invocation would neither continue nor replace."""
+        self._check_not_held(self.run_dir)
+        if holds_a_run(self.run_dir) and not (self.config.resume or self.config.overwrite):
+            raise RunError(
+                f"{self.run_dir} already holds a run: continue it with `{self.resume_command()}`, "
+                "or pass --overwrite to start over"
+            )
+
+    async def _start_executor(self, pending: list[WorkOrder]) -> Executor:
+        """The executor, started: the model client's check, the backends, the images. An error here
+        stops the run before anything is written."""
+        executor = self.executor_class(self.config.executor_options.get(self.config.executor))
+        try:
+            await executor.start(self.session_plan(pending), self.host)
+        except BaseException:
+            await executor.aclose()
+            raise
+        return executor
+
+    def _take_run_dir(self) -> None:
+        """Hold the run directory (made now if new) before anything is written in it (or deleted
+        by --overwrite); note the run's settings in run.json."""
+        run_dir = self.run_dir
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunIOError(run_dir, exc) from None
+        self.lock.acquire()
+        self._check_run_dir_held()
+        if self.config.overwrite:
+            for path in run_dir.iterdir():
+                if path.is_file() and path.name != LOCK_FILE:
+                    path.unlink()
+            shutil.rmtree(run_dir / SPEND_DIR, ignore_errors=True)
+        self.manifest = Manifest(run_dir, self.config.run_name, __version__)
+        if self.manifest.data.get("config") is None:  # a new run, or a damaged run.json rebuilt
+            self.manifest.data["config"] = self.config.manifest()
+            self.manifest.save()
+
+    def _check_run_dir_held(self) -> None:
+        """Another invocation may have made the run between the first look and the lock."""
+        if holds_a_run(self.run_dir) and not (self.config.resume or self.config.overwrite):
+            raise RunError(f"{self.run_dir} already holds a run: continue it with `{self.resume_command()}`")
+
+    def _pending(
+        self, work: Work, index: LedgerIndex
+    ) -> tuple[list[tuple[WorkItem, Location | None]], list[WorkOrder], dict[str, dict[str, Any]]]:
+        """Each row with its record or None, the work to run, and the rows failed for good with
+        these settings (:mod:`trajkit.permanent`: neither done nor run again)."""
+        paired, pending = work.pending(index)
+        settled = failed_for_good(self.run_dir, index.records, settings_key(self.config))
+        return paired, [order for order in pending if order.work_id not in settled], settled
 
     async def _run(self, work: Work) -> RunOutcome:
         index = scan(self.run_dir)
-        paired, pending = work.pending(index)
-        key = settings_key(self.config)
-        settled = failed_for_good(self.run_dir, index.records, key)
+        paired, pending, settled = self._pending(work, index)
         if settled:
-            pending = [order for order in pending if order.work_id not in settled]
             log.info(
                 "not run again: %d rows that failed for good with these settings (%s)",
                 len(settled),
                 ", ".join(sorted({str(e.get("error_class")) for e in settled.values()})),
             )
-        if pending:
+        executor = self.executor
+        if pending and executor is not None:
             started = datetime.now(UTC)
-            record_invocation_start(
-                self.manifest, self.config, self.host, started, len(pending), self.run_id, self.offer.record()
-            )
-            recorder, client_statistics = await self._execute(pending)
+            entry = {"started": started.isoformat(), "pending_at_start": len(pending), "run_id": self.run_id}
+            offer = self.offer.record()
+            record_invocation_start(self.manifest, self.config, self.host, entry, self.changes, offer)
+            recorder = await self._execute(executor, pending, index)
+            client_statistics = executor.statistics()
+            await self._close_executor()
             record_invocation_end(self.manifest, recorder, started, client_statistics)
             if recorder.io_error is not None:
                 raise recorder.io_error  # no merge on a disk that refuses writes: the resume merges
             index = scan(self.run_dir, index)  # add what this invocation wrote, then plan the merge
-            paired, _ = work.pending(index)
-            settled = failed_for_good(self.run_dir, index.records, key)
+            paired, _, settled = self._pending(work, index)
         else:
             log.info("nothing to do: all %d rows of the dataset are done or failed for good", len(paired))
         statistics = merge_run(
@@ -173,7 +276,7 @@ class Runner:
             self.writers,
             self.run_tools,
             self.manifest.data,
-            settled,
+            settled=settled,
         )
         warn_if_all_rejected(statistics, self.config)
         compressed = self.interrupted or await self._compress()
@@ -198,27 +301,6 @@ class Runner:
             return EXIT_INCOMPLETE
         return EXIT_OK
 
-    def _prepare_run_dir(self) -> None:
-        """Take the run directory's lock before anything is written (or deleted by --overwrite)."""
-        run_dir = self.run_dir
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RunIOError(run_dir, exc) from None
-        self.lock.acquire()
-        if holds_a_run(run_dir) and not (self.config.resume or self.config.overwrite):
-            raise RunError(
-                f"{run_dir} already holds a run: pass --resume to continue it, or --overwrite to start over"
-            )
-        if self.config.overwrite:
-            for path in run_dir.iterdir():
-                if path.is_file() and path.name != LOCK_FILE:
-                    path.unlink()
-        self.manifest = Manifest(run_dir, self.config.run_name, __version__)
-        if self.manifest.data.get("config") is None:  # a new run, or a damaged run.json rebuilt
-            self.manifest.data["config"] = self.config.manifest()
-            self.manifest.save()
-
     def session_plan(self, pending: list[WorkOrder]) -> SessionPlan:
         return SessionPlan(
             config=self.config,
@@ -229,26 +311,22 @@ class Runner:
             images=tuple(sorted({(o.backend, o.item.row.image) for o in pending if o.item.row.image})),
         )
 
-    async def _execute(self, pending: list[WorkOrder]) -> tuple[RunRecorder, dict[str, Any]]:
-        """Hand the pending work to the executor and record what it hands back."""
-        executor = self.executor_class(self.config.executor_options.get(self.config.executor))
-        prior = spent(self.manifest.invocations[:-1])["cost"]
-        recorder = RunRecorder(self.config, self.host, self.filters, self.scrubber, executor.spent, prior)
+    async def _execute(self, executor: Executor, pending: list[WorkOrder], index: LedgerIndex) -> RunRecorder:
+        """Hand the pending work to the started executor and record what it hands back."""
+        earlier = Earlier(
+            spent(self.run_dir, self.manifest.invocations[:-1]),
+            len(index.records) + sum(1 for _ in read_jsonl(self.run_dir / FAILURES_FILE)),
+        )
+        recorder = RunRecorder(
+            self.config, self.host, self.filters, self.scrubber, executor, self.run_id, earlier
+        )
+        recorder.stop_sessions = self._stop_sessions
         self.recorder = recorder
-        try:
-            await executor.start(self.session_plan(pending), self.host)
-        except BaseException:
-            await executor.aclose()
-            raise
         with self._signals(asyncio.get_running_loop(), recorder):
-            try:
-                recorder.open(pending)
-                self.host.run_start(self.info, len(pending))
-                await self._run_sessions(executor, pending, recorder)
-                statistics = executor.statistics()
-            finally:
-                await executor.aclose()
-        return recorder, statistics
+            recorder.open(pending)
+            self.host.run_start(self.info, len(pending))
+            await self._run_sessions(executor, pending, recorder)
+        return recorder
 
     async def _run_sessions(
         self, executor: Executor, pending: list[WorkOrder], recorder: RunRecorder
@@ -263,18 +341,24 @@ class Runner:
             with Reporter(recorder.counters, quiet=self.config.quiet) as reporter:
                 recorder.reporter = reporter
                 self.execution = asyncio.ensure_future(executor.execute(pending, DriverView(recorder)))
-                if self.interrupted:
+                if self.stopping_sessions:
                     self.execution.cancel()
                 try:
                     await self.execution
                 except asyncio.CancelledError:
                     current = asyncio.current_task()
-                    if not self.interrupted or (current is not None and current.cancelling()):
+                    if not self.stopping_sessions or (current is not None and current.cancelling()):
                         raise
         finally:
             gc.unfreeze()
             await keeper.stop()
             await recorder.close()
+
+    def _stop_sessions(self) -> None:
+        """Stop the sessions in flight (the executor's task is cancelled, their sandboxes closed)."""
+        self.stopping_sessions = True
+        if self.execution is not None:
+            self.execution.cancel()
 
     @contextlib.contextmanager
     def _signals(self, loop: asyncio.AbstractEventLoop, recorder: RunRecorder) -> Iterator[None]:
@@ -287,9 +371,9 @@ class Runner:
                 os._exit(EXIT_INTERRUPTED)
             self.interrupted = True
             recorder.stop_reason = f"interrupted by {signame}"
+            recorder.changed.set()
             log.warning("%s: closing sandboxes and writing the run directory (again to force)", signame)
-            if self.execution is not None:
-                self.execution.cancel()
+            self._stop_sessions()
 
         installed = []
         for sig in (signal.SIGINT, signal.SIGTERM):

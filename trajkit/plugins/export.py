@@ -1,8 +1,9 @@
-"""``trajkit export``: render a finished run's kept trajectories again, with any output writer.
+"""``trajkit export``: render a run's kept trajectories again, with any output writer.
 
 A run only writes the formats named with ``--writer``; deciding on another format later should not
 mean running (and paying for) the run again. ``trajectories.jsonl`` holds every kept record in
-dataset order, so any writer can be fed from it, and ``tools.json`` the tool schemas the model saw
+dataset order (made from the ledger as it is now when the run's is not current, a run going on
+included: :mod:`trajkit.run_view`), so any writer can be fed from it, and ``tools.json`` the tool schemas the model saw
 (runs made before it take the installed plugins' schemas). The output appears atomically: it is written to
 a temporary file beside the target and renamed into place, so a crash or a bad record never leaves
 a half-written file where a trainer could pick it up.
@@ -17,6 +18,7 @@ the template cannot express (:mod:`trajkit.plugins.chat_templates`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +29,8 @@ import click
 from trajkit import hookimpl
 from trajkit.manager import PluginError, PluginHost
 from trajkit.plugins.chat_templates.options import chat_template_options
-from trajkit.rundir import KEPT_FILE, RunIOError, atomic_replace, read_tool_schemas
+from trajkit.rundir import KEPT_FILE, RunIOError, atomic_replace
+from trajkit.tool_catalog import read_tool_schemas
 from trajkit.writers import OutputWriter
 
 HF_FORMAT = "hf"
@@ -80,10 +83,10 @@ def export(
                 "--chat_template writes openai messages (or --out_format text); it takes no other --format",
                 param_hint="--format",
             )
-        source = _kept_file(run_dir)
         from trajkit.plugins.chat_templates.command import export_through_templates
 
-        export_through_templates(run_dir, lambda: read_records(source), out, **template_options)
+        with kept_trajectories(run_dir, host) as (source, _):
+            export_through_templates(run_dir, lambda: read_records(source), out, **template_options)
         return
     if format_name is None:
         raise click.BadParameter("give --format (or --chat_template)", param_hint="--format")
@@ -92,16 +95,43 @@ def export(
         raise click.BadParameter(f"unknown format {format_name!r}; formats: {names}", param_hint="--format")
     if push_repo is not None and format_name != HF_FORMAT:
         raise click.BadParameter("only --format hf can be pushed to the Hub", param_hint="--push_to_hub")
-    source = _kept_file(run_dir)
-    if format_name == HF_FORMAT:
-        export_hf_dataset(run_dir, source, out if out is not None else run_dir / HF_DIR, push_repo)
-        return
-    if out is not None and out.is_dir():
+    if out is not None and out.is_dir() and format_name != HF_FORMAT:
         raise click.BadParameter(
             f"{out} is a directory; --format {format_name} writes a file", param_hint="--out"
         )
+    with kept_trajectories(run_dir, host) as (source, statistics):
+        if format_name == HF_FORMAT:
+            target = out if out is not None else run_dir / HF_DIR
+            export_hf_dataset(run_dir, source, target, push_repo, statistics)
+        else:
+            export_file(run_dir, source, writers[format_name], format_name, out)
+
+
+@contextlib.contextmanager
+def kept_trajectories(run_dir: Path, host: PluginHost) -> Iterator[tuple[Path, dict[str, Any] | None]]:
+    """The run's kept trajectories (a ``trajectories.jsonl``) and statistics as its ledger stands
+    now (:mod:`trajkit.run_view`: the run's own when its merge is current, else a merge of the
+    ledger in a temporary directory, removed after the block), so a run going on exports too."""
+    from trajkit.run_view import NotARun, current_outputs, read_run
+
     try:
-        writer = writers[format_name]()
+        state = read_run(run_dir, host)
+        with current_outputs(state, host) as (outputs, statistics):
+            source = outputs / KEPT_FILE
+            if not source.is_file():
+                problem = state.problem or f"no {KEPT_FILE} (a run without the sharegpt writer)"
+                raise click.ClickException(f"{run_dir} has no kept trajectories to export: {problem}")
+            yield source, statistics
+    except (RunIOError, NotARun) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def export_file(
+    run_dir: Path, source: Path, writer_class: type[OutputWriter], format_name: str, out: Path | None
+) -> None:
+    """``trajectories.jsonl`` rendered by one writer into a file (by default in the run directory)."""
+    try:
+        writer = writer_class()
     except PluginError as exc:
         raise click.ClickException(str(exc)) from None
     from trajkit.finalize import offer_tool_schemas  # a run needs it only after its sessions
@@ -115,18 +145,18 @@ def export(
     click.echo(f"{target}: {rows} rows ({format_name})", err=True)
 
 
-def _kept_file(run_dir: Path) -> Path:
-    source = run_dir / KEPT_FILE
-    if not source.is_file():
-        raise click.ClickException(f"{source} does not exist: RUN_DIR must be a run that has finished once")
-    return source
-
-
-def export_hf_dataset(run_dir: Path, source: Path, target: Path, push_repo: str | None = None) -> None:
+def export_hf_dataset(
+    run_dir: Path,
+    source: Path,
+    target: Path,
+    push_repo: str | None = None,
+    statistics: dict[str, Any] | None = None,
+) -> None:
     from trajkit.plugins import hf_export  # datasets is imported only when it is used
 
     try:
-        rows = hf_export.export_hf(read_records(source), run_dir, target, read_tool_schemas(run_dir))
+        schemas = read_tool_schemas(run_dir)
+        rows = hf_export.export_hf(read_records(source), run_dir, target, schemas, statistics)
         click.echo(f"{target}: {rows} rows (hf dataset, card in {target / 'README.md'})", err=True)
         if push_repo is not None:
             url = hf_export.push_to_hub(target, push_repo, f"trajkit export of {run_dir.name}: {rows} rows")

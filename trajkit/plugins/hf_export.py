@@ -101,9 +101,14 @@ def features(datasets: Any) -> Any:
 
 
 def export_hf(
-    records: Iterable[Record], run_dir: Path, target: Path, tool_schemas: Mapping[str, Any] | None = None
+    records: Iterable[Record],
+    run_dir: Path,
+    target: Path,
+    tool_schemas: Mapping[str, Any] | None = None,
+    statistics: Mapping[str, Any] | None = None,
 ) -> int:
-    """Save the records as a dataset with its card in ``target``; return the number of rows."""
+    """Save the records as a dataset with its card in ``target``; return the number of rows. The
+    card's counts are ``statistics`` (the run's as its ledger stands), else ``statistics.json``'s."""
     datasets = _datasets()
     datasets.disable_progress_bars()
     writer = OpenAIWriter()
@@ -122,7 +127,7 @@ def export_hf(
         )
         out = build / "dataset"
         dataset.save_to_disk(str(out))
-        (out / "README.md").write_text(dataset_card(dataset, run_dir), encoding="utf-8")
+        (out / "README.md").write_text(dataset_card(dataset, run_dir, statistics), encoding="utf-8")
         count = int(dataset.num_rows)
         del dataset
         _replace_dir(out, target)
@@ -221,11 +226,12 @@ def card_header(dataset: Any) -> dict[str, Any]:
     }
 
 
-def dataset_card(dataset: Any, run_dir: Path) -> str:
+def dataset_card(dataset: Any, run_dir: Path, statistics: Mapping[str, Any] | None = None) -> str:
     """README.md: the YAML header the Hub reads, then how the data was generated."""
     header = yaml.safe_dump(card_header(dataset), sort_keys=False, allow_unicode=True)
     manifest = read_json_object(run_dir / MANIFEST_FILE, {"invocations": list}, "the card omits it") or {}
-    statistics = read_statistics(run_dir) or {}
+    if statistics is None:
+        statistics = read_statistics(run_dir) or {}
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     assert isinstance(config, dict)
     name = manifest.get("run_name") or run_dir.name

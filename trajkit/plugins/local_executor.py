@@ -40,6 +40,8 @@ class LocalExecutor(Executor):
         await self.sessions.open()
 
     async def execute(self, work: Sequence[WorkOrder], driver: Driver) -> None:
+        assert self.sessions is not None
+        self.sessions.listen(driver.paid)  # each answer's spend saved as it arrives
         queue: asyncio.Queue[WorkOrder] = asyncio.Queue()
         for order in work:
             queue.put_nowait(order)
@@ -57,12 +59,8 @@ class LocalExecutor(Executor):
 
     async def _worker(self, queue: asyncio.Queue[WorkOrder], driver: Driver) -> None:
         assert self.sessions is not None
-        while driver.may_start():
-            try:
-                order = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            await self.sessions.run(order, driver)
+        while not queue.empty() and await driver.admit():
+            await self.sessions.run(queue.get_nowait(), driver)
 
     def statistics(self) -> dict[str, Any]:
         return self.sessions.statistics() if self.sessions is not None else {}

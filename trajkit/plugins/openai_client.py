@@ -77,7 +77,8 @@ def resolve_api_key(config: OpenAISettings) -> str:
     if _loopback(config.base_url):
         return "not-needed"  # local servers (vLLM, Ollama) usually take any key
     raise ModelConfigError(
-        f"no API key for {public(config.base_url)}: pass --api_key or set {' or '.join(KEY_VARIABLES)}; "
+        f"no API key for {public(config.base_url)}: pass --api_key or set {' or '.join(KEY_VARIABLES)} "
+        "(a run directory never keeps a key: a resume needs it again); "
         "for an offline run without a model endpoint use --model scripted"
     )
 
@@ -362,6 +363,7 @@ class OpenAIClient(ModelClient):
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
         self.cost += usage.cost or 0.0
+        self.answered()
 
     def statistics(self) -> dict[str, Any]:
         return {

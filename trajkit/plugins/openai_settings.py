@@ -42,13 +42,15 @@ class OpenAISettings(StrictSettings):
     """Tokens per minute at most (estimated before each call)."""
     prices: dict[str, tuple[float, float]] = Field({}, json_schema_extra=flag(cli=False))
     """Model -> (input, output) price per million tokens, for endpoints that report no cost."""
-    providers_allowed: list[str] = Field([])
+    providers_allowed: list[str] = Field([], json_schema_extra=AFFECTS_OUTPUT)
     """OpenRouter providers to use, comma-separated."""
-    providers_ignored: list[str] = Field([])
+    providers_ignored: list[str] = Field([], json_schema_extra=AFFECTS_OUTPUT)
     """OpenRouter providers to avoid, comma-separated."""
-    providers_order: list[str] = Field([])
+    providers_order: list[str] = Field([], json_schema_extra=AFFECTS_OUTPUT)
     """OpenRouter providers to try in order, comma-separated."""
-    provider_sort: Literal["price", "throughput", "latency"] | None = None
+    provider_sort: Literal["price", "throughput", "latency"] | None = Field(
+        None, json_schema_extra=AFFECTS_OUTPUT
+    )
     """How OpenRouter orders providers."""
     reasoning_effort: ReasoningEffort | None = Field(None, json_schema_extra=AFFECTS_OUTPUT)
     """Sent the way the endpoint expects (OpenRouter's reasoning object)."""

@@ -1,8 +1,7 @@
 """``trajkit stats`` and ``trajkit report``: a run directory, read back for the people who judge it.
 
-Both read only the files a run leaves behind (``statistics.json``, ``run.json``, ``failures.jsonl``,
-``trajectories.jsonl``, ``rejected.jsonl``), never the ledger, and change nothing: they work on a
-finished, interrupted or copied run directory alike.
+Both read the run as its ledger stands (:mod:`trajkit.run_view`) and change nothing in it: they
+work on a finished, running, killed, interrupted or copied run directory alike.
 
 The report is one self-contained HTML file (inline CSS and JS, charts drawn as inline SVG by its own
 script, a Content-Security-Policy that forbids every fetch) so it can be mailed, archived or opened
@@ -41,10 +40,12 @@ def trajkit_commands(cli: click.Group) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path, exists=True, file_okay=False))
 def stats(run_dir: Path) -> None:
     """The statistics of a run as tables: outcome, tools, backends, model client."""
-    from trajkit.plugins.report_run import load_run
+    from trajkit.plugins.report_run import opened_run
     from trajkit.plugins.report_tables import print_renderables, stats_tables
 
-    print_renderables(stats_tables(load_run(run_dir)))
+    with opened_run(run_dir, click.get_current_context().find_root().obj) as run:
+        tables = stats_tables(run)
+    print_renderables(tables)
 
 
 @click.command()
@@ -67,10 +68,10 @@ def stats(run_dir: Path) -> None:
 def report(run_dir: Path, out: Path | None, max_conversations: int) -> None:
     """Write a self-contained HTML report of a run: summary, charts and a trajectory browser."""
     from trajkit.plugins.report_page import render_html
-    from trajkit.plugins.report_run import load_run, report_data
+    from trajkit.plugins.report_run import opened_run, report_data
 
-    run = load_run(run_dir)
-    data = report_data(run, max_conversations)
+    with opened_run(run_dir, click.get_current_context().find_root().obj) as run:
+        data = report_data(run, max_conversations)
     target = out or run_dir / REPORT_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render_html(data), encoding="utf-8")
@@ -82,7 +83,7 @@ def report(run_dir: Path, out: Path | None, max_conversations: int) -> None:
 
 _MOVED = {
     "trajkit.plugins.report_run": (
-        "RunFiles load_run report_data missing_kept_note histogram top_counts browser_entry "
+        "RunFiles opened_run report_data missing_kept_note histogram top_counts browser_entry "
         "TURN_CHARS HISTOGRAM_BINS TOP_REASONS"
     ),
     "trajkit.plugins.report_tables": "stats_tables number percent duration money",

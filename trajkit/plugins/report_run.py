@@ -1,12 +1,15 @@
 """A run directory read back for ``trajkit stats`` and ``trajkit report``, and the report's data.
 
-Only the files a run leaves behind are read (``statistics.json``, ``run.json``, ``failures.jsonl``,
-``trajectories.jsonl``, ``rejected.jsonl``), never the ledger. The totals and charts cover every
-trajectory; only the conversations embedded for browsing are capped.
+The statistics and the kept and rejected trajectories are the ledger's as it is now
+(:mod:`trajkit.run_view`: the last merge's files when they are current, else a merge of the ledger
+into a temporary directory), so a run going on, killed or stopped by a full disk reads right.
+The totals and charts cover every trajectory; only the conversations embedded for browsing are
+capped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 from collections import Counter
@@ -14,20 +17,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from trajkit import __version__
-from trajkit.rundir import (
-    FAILURES_FILE,
-    KEPT_FILE,
-    MANIFEST_FILE,
-    REJECTED_FILE,
-    RunIOError,
-    read_json_object,
-    read_statistics,
-)
+from trajkit.rundir import FAILURES_FILE, KEPT_FILE, REJECTED_FILE, RunIOError
+
+if TYPE_CHECKING:
+    from trajkit.manager import PluginHost
 
 TURN_CHARS = 20_000
 """Characters of one turn's text kept in the report; tool output can be far longer and adds little."""
@@ -42,6 +40,8 @@ class RunFiles:
     run_dir: Path
     statistics: dict[str, Any]
     manifest: dict[str, Any]
+    outputs: Path
+    """Where the kept and rejected trajectories are (the run directory, or a merge of its ledger)."""
 
     @property
     def config(self) -> dict[str, Any]:
@@ -57,29 +57,31 @@ class RunFiles:
         Both files are written in dataset order by the same merge, so a streaming merge on the
         prompt index interleaves them without holding either in memory.
         """
-        kept = (("kept", None, r) for r in _read_jsonl(self.run_dir / KEPT_FILE))
+        kept = (("kept", None, r) for r in _read_jsonl(self.outputs / KEPT_FILE))
         rejected = (
             ("rejected", str(line.get("reason") or ""), line["record"])
-            for line in _read_jsonl(self.run_dir / REJECTED_FILE)
+            for line in _read_jsonl(self.outputs / REJECTED_FILE)
             if isinstance(line.get("record"), dict)
         )
         return heapq.merge(kept, rejected, key=lambda item: item[2].get("prompt_index", 0))
 
 
-def load_run(run_dir: Path) -> RunFiles:
-    """The run's statistics and manifest, or a usage error that says what is missing."""
+@contextlib.contextmanager
+def opened_run(run_dir: Path, host: PluginHost) -> Iterator[RunFiles]:
+    """The run as its ledger stands now, or a usage error that says what is missing."""
+    from trajkit.run_view import NotARun, current_outputs, read_run
+
     try:
-        statistics = read_statistics(run_dir)
-        manifest = read_json_object(run_dir / MANIFEST_FILE, {}, "showing the run without it") or {}
-    except RunIOError as exc:
+        state = read_run(run_dir, host)
+        with current_outputs(state, host) as (outputs, statistics):
+            if statistics is None:
+                raise click.ClickException(
+                    f"{run_dir} cannot be read: {state.problem or 'not a trajkit run directory'}; "
+                    "and no merge of it was made"
+                )
+            yield RunFiles(run_dir, statistics, state.manifest, outputs)
+    except (RunIOError, NotARun) as exc:
         raise click.ClickException(str(exc)) from None
-    if statistics is None:
-        raise click.ClickException(
-            f"{run_dir} has no statistics.json (or a damaged one): not a trajkit run directory, or no "
-            "invocation of the run has ended yet (statistics are written when an invocation stops; "
-            "`trajkit run ... --resume` writes them again from the ledger)"
-        )
-    return RunFiles(run_dir, statistics, manifest)
 
 
 def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
@@ -179,7 +181,7 @@ def pass_rates(statistics: dict[str, Any]) -> list[dict[str, Any]]:
 
 def missing_kept_note(run: RunFiles) -> str | None:
     """Kept conversations are read from the ``sharegpt`` writer's file; a run without it has none to show."""
-    if run.statistics.get("kept") and not (run.run_dir / KEPT_FILE).is_file():
+    if run.statistics.get("kept") and not (run.outputs / KEPT_FILE).is_file():
         return (
             f"This run wrote no {KEPT_FILE} (run it with --writer sharegpt), so only rejected "
             "trajectories can be browsed here; the summary and charts still count every one."

@@ -24,23 +24,25 @@ from typing import Any
 from trajkit import __version__
 from trajkit.agent import ConversationResult
 from trajkit.config import RunConfig
-from trajkit.dataset import PlannedRow, WorkItem, prompt_id
+from trajkit.dataset import prompt_id
 from trajkit.filters import TrajectoryFilter
 from trajkit.finalize import merge_run, rejection
 from trajkit.hookspecs import RunInfo
 from trajkit.jsonutil import dumps_line
-from trajkit.ledger import LedgerIndex, LedgerWriter, Location, scan
+from trajkit.ledger import SERVED, LedgerIndex, LedgerWriter, in_ledger_order, scan
 from trajkit.manager import PluginHost
 from trajkit.model import Message
 from trajkit.records import record_json
-from trajkit.rundir import Manifest, ManifestKeeper, RunIOError, RunLock, ToolCatalog, tool_schemas_key
+from trajkit.run_settings import changed_settings
+from trajkit.rundir import Manifest, ManifestKeeper, RunIOError, RunLock
 from trajkit.secrets import Scrubber
+from trajkit.tool_catalog import ToolCatalog, tool_schemas_key
 from trajkit.writers import OutputWriter
 
 log = logging.getLogger("trajkit")
 
 ACCOUNTS_INTERVAL = 5.0
-SERVED_BACKEND = "serve"
+SERVED_BACKEND = SERVED
 """Part of a served prompt's identity, so it never collides with a dataset row's."""
 
 
@@ -99,7 +101,10 @@ class Recorder:
                 )
             entry = {"started": self.started.isoformat(), "pending_at_start": 0, "served": True}
             plugins = dict(sorted(host.sources.items()))
-            self.manifest.start(self.config.manifest(), plugins, entry, self.config.watched())
+            changes = changed_settings(earlier, self.config, host) if earlier else {}
+            for key, (old, new) in changes.items():
+                log.warning("%s: recording with %s changed from %r to %r", self.run_dir, key, old, new)
+            self.manifest.start(self.config.manifest(), plugins, entry, changes)
             self.index = scan(self.run_dir)
         except BaseException:
             self.lock.release()
@@ -194,10 +199,7 @@ class Recorder:
         await asyncio.to_thread(closing.close)
         self.index = scan(self.run_dir, self.index)
         self.unmerged -= merged
-        ordered = sorted(self.index.records.items(), key=lambda pair: (pair[1].file, pair[1].offset))
-        paired: list[tuple[WorkItem, Location | None]] = [
-            (_work_item(position, work_id), location) for position, (work_id, location) in enumerate(ordered)
-        ]
+        paired = in_ledger_order(self.index)
         manifest = copy.deepcopy(self.manifest.data)
         self.statistics = await asyncio.to_thread(
             merge_run, self.run_dir, paired, self.index, self.filters, self.writers, self.run_tools, manifest
@@ -228,12 +230,3 @@ class Recorder:
                 self.host.run_end(self.info, statistics)
         finally:
             self.lock.release()
-
-
-def _work_item(position: int, work_id: str) -> WorkItem:
-    """A served record as the merge sees a dataset row: its position in serving order."""
-    identity, _, occurrence = work_id.rpartition(".")
-    row = PlannedRow(prompt="", image=None, cwd=None, backend=SERVED_BACKEND, extra=None)
-    return WorkItem(
-        index=position, line=position + 1, row=row, prompt_id=identity, occurrence=int(occurrence)
-    )

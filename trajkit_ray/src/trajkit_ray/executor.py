@@ -15,7 +15,9 @@
   final). A record is final once the driver has it; the runner, the ledger's only writer,
   ignores any second outcome for a work id.
 - **Run-wide limits.** ``--max_cost`` is the runner's ``may_start`` before each item leaves the
-  driver, with :meth:`spent` summed over the actors; the model client's request limits are kept
+  driver (asked again after each exchange while the budget cannot take more yet), with
+  :meth:`spent` summed over the actors and handed to the runner (``driver.paid``) as each
+  exchange brings it; the model client's request limits are kept
   by one limiter actor (:mod:`trajkit_ray.limiter`).
 """
 
@@ -79,6 +81,8 @@ class RayExecutor(Executor):
         self.connected = False
         self.queue: deque[WorkOrder] = deque()
         self.driver: Driver | None = None
+        self.began: set[str] = set()
+        """Work sent to an actor since it was last admitted whose first attempt has started."""
 
     # -- start -------------------------------------------------------------------------------------
 
@@ -202,7 +206,7 @@ class RayExecutor(Executor):
                 loop.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
             await self._stop_sessions()
-        if self.queue and driver.may_start():
+        if self.queue and not driver.stopped():
             log.error("ray: every session actor is lost; %d work items were not run", len(self.queue))
 
     async def _drive(self, actor: _Actor) -> None:
@@ -219,7 +223,8 @@ class RayExecutor(Executor):
                 actor.outstanding[order.work_id] = order
                 orders.append(order)
             if not actor.outstanding:
-                if not any(other.outstanding for other in self.actors if other.alive):
+                idle = not any(other.outstanding for other in self.actors if other.alive)
+                if idle and (not self.queue or driver.stopped()):
                     return  # nothing can come back to the queue any more
                 await asyncio.sleep(settings.poll_interval)  # a lost actor's work may come back
                 continue
@@ -232,11 +237,14 @@ class RayExecutor(Executor):
                     log.error("ray: session actor %s failed: %s: %s", actor.holder, type(exc).__name__, exc)
                 self._lost(actor, exc)
                 return
-            actor.statistics, actor.spent = statistics, spent
+            if (statistics, spent) != (actor.statistics, actor.spent):
+                actor.statistics, actor.spent = statistics, spent
+                driver.paid()  # saved by the runner at once: a killed driver loses no more than this
             for event in events:
                 if isinstance(event, tuple):
                     work_id, attempt = event
                     actor.attempts[work_id] = attempt
+                    self.began.add(work_id)
                     driver.started(work_id, attempt)
                     continue
                 actor.attempts.pop(event.work_id, None)
@@ -260,6 +268,9 @@ class RayExecutor(Executor):
             attempt = actor.attempts.pop(order.work_id, None)
             if attempt is not None:
                 self.driver.report(Failed(order.work_id, attempt, "node_lost", message, final=False))
+            elif order.work_id not in self.began:
+                self.driver.withdraw()  # admitted, never started: admitted again from the queue
+            self.began.discard(order.work_id)
         actor.outstanding.clear()
         self.queue.extendleft(reversed(lost))
         log.warning(

@@ -37,9 +37,6 @@ class _Events:
         self.queue: list[Event] = []
         self.ready = asyncio.Event()
 
-    def may_start(self) -> bool:
-        return True
-
     def started(self, work_id: str, attempt: int) -> None:
         self.queue.append((work_id, attempt))
 
