@@ -18,6 +18,8 @@ import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from tests.test_resume import Flaky, run_args, sessions_started
+from trajkit.configure import resolve
+from trajkit.manager import load_plugins
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy
 
@@ -304,3 +306,25 @@ def test_resume_names_a_run_directory_that_exists(tmp_path: Path) -> None:
     assert other.returncode == 2 and "name different runs" in other.stderr
     held = trajkit("run", "--dataset_file", str(path), "--run_name", "r", "--output_dir", str(tmp_path))
     assert held.returncode == 2 and f"continue it with `trajkit run --resume {tmp_path / 'r'}`" in held.stderr
+
+
+def test_a_resume_without_its_key_says_how_to_give_it_and_writes_nothing(tmp_path: Path) -> None:
+    """A run against a remote endpoint, its key never saved: the resume asks for it again."""
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}])
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    config = resolve(
+        load_plugins(),
+        {"dataset_file": path, "run_name": "r", "output_dir": tmp_path, "model": "vendor/model"}
+        | {"base_url": "https://api.example.invalid/v1", "api_key": "sk-never-written-0123456789"},
+    )
+    (run_dir / "run.json").write_text(
+        json.dumps({"run_name": "r", "invocations": [], "config": config.manifest()})
+    )
+    assert "sk-never-written" not in (run_dir / "run.json").read_text()
+    before = run_files(run_dir)
+    result = trajkit("run", "--resume", str(run_dir))
+    assert result.returncode == 2, result.stderr
+    assert "no API key for https://api.example.invalid/v1: pass --api_key or set" in result.stderr
+    assert "a run directory never keeps a key" in result.stderr
+    assert run_files(run_dir) == before
