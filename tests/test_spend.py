@@ -9,8 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from tests.test_resume import run_args, sessions_started
+from tests.test_run_live import started
 from tests.test_run_settings import run_as_printed
 from trajkit import recording
 from trajkit.rundir import read_spend, spend_path, spent
@@ -94,8 +93,7 @@ def test_a_run_killed_five_times_reports_every_answer_the_endpoint_sent(tmp_path
         for invocation in range(5):
             killer.seen = 0
             args = run_args(path, tmp_path, server, *(["--resume"] if invocation else []))
-            with (tmp_path / f"killed{invocation}.err").open("wb") as err:
-                process = subprocess.Popen([sys.executable, "-m", "trajkit", *args], stderr=err)
+            process = started(args, tmp_path / f"killed{invocation}.err")
             killer.pid = process.pid
             assert process.wait(timeout=120) == -signal.SIGKILL, (
                 tmp_path / f"killed{invocation}.err"
