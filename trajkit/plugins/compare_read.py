@@ -27,9 +27,8 @@ from trajkit.rundir import (
     holds_a_run,
     lock_holder,
     read_json_object,
-    read_tool_schemas,
-    tool_schemas_key,
 )
+from trajkit.tool_catalog import read_tool_schemas, tool_schemas_key
 
 
 @dataclass(frozen=True, slots=True)
