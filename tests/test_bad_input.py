@@ -183,9 +183,9 @@ def test_a_run_whose_filters_reject_everything_says_so_and_how_to_merge_again(tm
         result = run_on(dataset, tmp_path, "--model", "m", "--base_url", server.base_url)
     assert result.returncode == 0, result.stderr
     assert "every trajectory was rejected (by no_reasoning)" in result.stderr
-    again = f"trajkit run --dataset_file {dataset} --run_name x --output_dir {tmp_path} --resume --no_filter no_reasoning"
+    again = f"trajkit run --resume {tmp_path / 'x'} --no_filter no_reasoning --allow_change disabled_filters"
     assert again in result.stderr
     assert read_jsonl(tmp_path / "x" / "trajectories.jsonl") == []
-    merged = trajkit(*again.split()[1:], "--model", "m")
+    merged = trajkit(*again.split()[1:])  # as printed: the run's model and endpoint come from run.json
     assert merged.returncode == 0, merged.stderr
     assert len(read_jsonl(tmp_path / "x" / "trajectories.jsonl")) == 3

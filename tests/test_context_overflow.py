@@ -138,6 +138,7 @@ def test_an_overflowing_row_fails_for_good(tmp_path: Path, transport: str) -> No
         assert "1 failed for good" in again.stderr
 
         server.reset()  # a setting that shapes the sessions changed: the row may fit now
-        changed = run(dataset, tmp_path, server.base_url, "--resume", "--max_turns", "6")
+        more = ["--max_turns", "6", "--allow_change", "max_turns"]  # a change of the run's settings, allowed
+        changed = run(dataset, tmp_path, server.base_url, "--resume", *more)
         assert len(overflowed(server.requests)) == 1 and changed.returncode == 1
         assert len(read_jsonl(run_dir / "failures.jsonl")) == 2
