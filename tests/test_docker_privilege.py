@@ -9,6 +9,7 @@ The hostile cases themselves (mount, unshare, /proc/sys, ...) are in the conform
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tracemalloc
 import uuid
 from collections.abc import Iterator
@@ -155,6 +156,73 @@ def test_the_working_directory_and_the_image_s_project_are_handed_to_the_user(
 
 
 @pytest.mark.engine("docker")
+def test_a_project_is_handed_over_once_per_image_then_sandboxes_start_from_a_prepared_image(
+    client: Any, project_image: str
+) -> None:
+    async def body() -> list[str]:
+        backend = make_backend(pull="never")
+        images, prepared = [], []
+        try:
+            for _ in range(3):
+                sandbox = await backend.create(spec(project_image, cwd="/srv/app"))
+                try:
+                    images.append(client.api.inspect_container(sandbox.container_id)["Image"])
+                    edited = await sandbox.exec(
+                        "echo mine >> src/main.txt && stat -c %u src/main.txt", timeout=30
+                    )
+                    assert edited.stdout == "1000\n", edited
+                finally:
+                    await sandbox.close()
+            prepared = [image for image, _ in backend._engine.list_images("trajkit.prepared")]
+        finally:
+            await backend.aclose()
+        return images + prepared
+
+    first, second, third, *prepared = asyncio.run(body())
+    original = client.api.inspect_image(project_image)["Id"]
+    assert first == original and second == third != original
+    assert second in prepared
+    labels = {image: labels for image, labels in client.api.images(filters={"label": "trajkit.prepared"})}
+    assert second not in labels, "the prepared image outlived its backend"
+
+
+@pytest.mark.engine("docker")
+def test_the_reaper_removes_prepared_images_of_dead_owners(client: Any) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    donor = client.containers.run(BUSYBOX, ["true"], detach=True)
+    donor.wait(timeout=30)
+    labels = {"trajkit": "1", "trajkit.prepared": "1"}
+    orphan = donor.commit(
+        repository="trajkit-prepared", tag=uuid.uuid4().hex[:12],
+        changes=[f'LABEL {k}="{v}"' for k, v in {**labels, "trajkit.owner": f"{socket.gethostname()}:{dead.pid}"}.items()],
+    ).id  # fmt: skip
+    alive = donor.commit(
+        repository="trajkit-prepared", tag=uuid.uuid4().hex[:12],
+        changes=[f'LABEL {k}="{v}"' for k, v in {**labels, "trajkit.owner": f"elsewhere:{dead.pid}"}.items()],
+    ).id  # fmt: skip
+    donor.remove(force=True)
+    try:
+
+        async def body() -> None:
+            backend = make_backend()
+            await backend.reap()
+            await backend.aclose()
+
+        asyncio.run(body())
+        remaining = {image.id for image in client.images.list(filters={"label": "trajkit.prepared"})}
+        assert orphan not in remaining and alive in remaining
+    finally:
+        for image in (orphan, alive):
+            with contextlib.suppress(Exception):
+                client.images.remove(image, force=True)
+
+
+@pytest.mark.engine("docker")
 def test_working_directories_the_image_leaves_empty_are_handed_over_in_fewer_requests() -> None:
     """After the first sandbox of an image shows a working directory empty, later ones hand it over
     with one directory entry (at the root, in the request that makes the state directory)."""
@@ -170,7 +238,7 @@ def test_working_directories_the_image_leaves_empty_are_handed_over_in_fewer_req
                     seen.append(result.stdout)
                 finally:
                     await sandbox.close()
-            assert set(backend._empty_dirs.values()) == {0o755}
+            assert set(backend.workdirs()._empty.values()) == {0o755}
         finally:
             await backend.aclose()
         return seen

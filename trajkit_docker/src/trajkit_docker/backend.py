@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from trajkit_docker.engine import ContainerSummary, Engine
     from trajkit_docker.sandbox import DockerSandbox
     from trajkit_docker.users import SandboxUser
+    from trajkit_docker.workdirs import WorkingDirectories
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -93,9 +94,7 @@ class DockerBackend(SandboxBackend):
         self._digests: dict[str, str | None] = {}
         self._users: dict[str, SandboxUser] = {}
         """Image -> the user its sandboxes' commands run as, probed in its first sandbox."""
-        self._empty_dirs: dict[tuple[str, str], int] = {}
-        """(image, working directory) -> the directory's mode, for those the image leaves empty: a
-        sandbox hands them over with one directory entry rather than an archive out and back."""
+        self._workdirs: WorkingDirectories | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._owner = owner_tag()
 
@@ -173,7 +172,6 @@ class DockerBackend(SandboxBackend):
     # Sandboxes
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
-        from trajkit_docker.engine import translated
         from trajkit_docker.sandbox import DockerSandbox
 
         if not spec.image:
@@ -182,11 +180,32 @@ class DockerBackend(SandboxBackend):
         if spec.image not in self._digests:
             await self.verify_image(spec.image)
         cwd = posixpath.normpath(posixpath.join("/", spec.cwd or DEFAULT_CWD))
+        workdirs = self.workdirs()
+        async with workdirs.first(spec.image, cwd):
+            container_id, user = await self._start(engine, spec, cwd, workdirs)
+        info = SandboxInfo(self.name, spec.image, self._digests.get(spec.image))
+        return DockerSandbox(self, engine, container_id, cwd, info, user)
+
+    def workdirs(self) -> WorkingDirectories:
+        from trajkit_docker.workdirs import WorkingDirectories
+
+        if self._workdirs is None:
+            self._workdirs = WorkingDirectories(self.call, self._owner)
+        return self._workdirs
+
+    async def _start(
+        self, engine: Engine, spec: SandboxSpec, cwd: str, workdirs: WorkingDirectories
+    ) -> tuple[str, SandboxUser]:
+        """A running container for ``spec``, its working directory handed to the commands' user."""
+        from trajkit_docker.engine import translated
+
+        assert spec.image is not None
         lifetime = max(1, math.ceil(spec.lifetime))
         config = self._container_config(spec, cwd, lifetime)
         command = ["/bin/sh", "-c", KEEPALIVE, "trajkit-sandbox", str(lifetime)]
-        files = self._directories_at_start(spec.image, cwd)
-        creation = asyncio.ensure_future(self._create_container(engine, spec.image, command, config, files))
+        files = workdirs.at_start(spec.image, cwd, self._users.get(spec.image))
+        source = workdirs.source(spec.image, cwd)
+        creation = asyncio.ensure_future(self._create_container(engine, source, command, config, files))
         try:
             container_id = await asyncio.shield(creation)
         except asyncio.CancelledError:
@@ -194,37 +213,12 @@ class DockerBackend(SandboxBackend):
             raise
         try:
             user = await self._user(engine, container_id, spec.image)
-            if not user.root and cwd != "/" and not files:
-                with translated(f"handing {cwd} over to the sandbox's user"):
-                    await self._hand_over(engine, container_id, spec.image, cwd, user)
+            with translated(f"handing {cwd} over to the sandbox's user"):
+                await workdirs.hand_over(engine, container_id, spec.image, cwd, user, bool(files))
         except BaseException:
             await asyncio.shield(self.call(engine.remove_container, container_id))
             raise
-        info = SandboxInfo(self.name, spec.image, self._digests.get(spec.image))
-        return DockerSandbox(self, engine, container_id, cwd, info, user)
-
-    def _directories_at_start(self, image: str, cwd: str) -> list[tuple[str, int, tuple[int, int]]]:
-        """The working directory, handed over in the request that makes the state directory, when the
-        image is known to leave it empty and it sits at the root (the default, /work)."""
-        known, mode = self._users.get(image), self._empty_dirs.get((image, cwd))
-        if known is None or known.root or mode is None or cwd == "/" or posixpath.dirname(cwd) != "/":
-            return []
-        return [(cwd.lstrip("/"), mode, (known.uid, known.gid))]
-
-    async def _hand_over(
-        self, engine: Engine, container_id: str, image: str, cwd: str, user: SandboxUser
-    ) -> None:
-        """Give the working directory, and whatever the image put there, to the commands' user."""
-        from trajkit_docker.archive import pack_directories
-
-        mode = self._empty_dirs.get((image, cwd))
-        if mode is None:
-            empty_mode = await self.call(engine.hand_over, container_id, cwd, user.uid, user.gid)
-            if empty_mode is not None:
-                self._empty_dirs[(image, cwd)] = empty_mode
-            return
-        entry = pack_directories((posixpath.basename(cwd), mode, (user.uid, user.gid)))
-        await self.call(engine.put_archive, container_id, posixpath.dirname(cwd), entry)
+        return container_id, user
 
     async def _user(self, engine: Engine, container_id: str, image: str) -> SandboxUser:
         """Who commands of ``image`` run as; probed once per image in its first sandbox, which also
@@ -329,13 +323,27 @@ class DockerBackend(SandboxBackend):
             removed = await asyncio.gather(*(self.call(engine.remove_container, c.id) for c in doomed))
         if doomed:
             log.info("removed %d leftover container(s)", sum(removed))
+        await self._reap_prepared(engine)
         return sum(removed)
+
+    async def _reap_prepared(self, engine: Engine) -> None:
+        """Remove the images prepared by backends whose process died (see :mod:`trajkit_docker.workdirs`)."""
+        from trajkit_docker.engine import translated
+        from trajkit_docker.workdirs import PREPARED_LABEL
+
+        with translated("listing prepared images"):
+            images = await self.call(engine.list_images, PREPARED_LABEL)
+        orphans = [image for image, labels in images if owner_gone(labels.get("trajkit.owner", ""))]
+        with translated("removing leftover prepared images"):
+            await asyncio.gather(*(self.call(engine.remove_image, image) for image in orphans))
 
     async def aclose(self) -> None:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._engine is not None:
             engine, self._engine = self._engine, None
+            if self._workdirs is not None:
+                await self._workdirs.aclose(engine)
             await self.call(engine.close)
         self._executor.shutdown(wait=False, cancel_futures=True)
 

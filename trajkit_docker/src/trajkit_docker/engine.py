@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import posixpath
 import re
@@ -328,6 +329,24 @@ class Engine:
             spool.seek(0)
             self.api._raise_for_status(self.api._put(url, params=params, data=spool))
         return empty_mode
+
+    def commit(self, container_id: str, repository: str, tag: str, labels: Mapping[str, str]) -> str:
+        """Commit the container as ``repository:tag``, with ``labels``; the image's id."""
+        changes = [f"LABEL {key}={json.dumps(value)}" for key, value in labels.items()]
+        return str(self.api.commit(container_id, repository=repository, tag=tag, changes=changes)["Id"])
+
+    def remove_image(self, image: str) -> None:
+        """Remove an image this backend made; already gone is fine."""
+        import docker.errors
+
+        with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.NotFound):
+            self.api.remove_image(image, force=True)
+
+    def list_images(self, label: str) -> list[tuple[str, Mapping[str, str]]]:
+        """Ids and labels of the images carrying ``label``."""
+        return [
+            (str(item["Id"]), item.get("Labels") or {}) for item in self.api.images(filters={"label": label})
+        ]
 
     def image_user(self, image: str) -> str:
         """The user the image names (its ``USER``), ``""`` when none."""

@@ -11,8 +11,9 @@ as. On top of that, by default (``docker.user=auto``):
   runs as :data:`~trajkit_docker.settings.KEEPER_USER` (65534, "nobody"): a user of its own, so
   commands can neither signal it, trace it, nor read its environment;
 - the working directory, and whatever the image put in it, is handed to the commands' user
-  (the engine's archive API rewrites the owners: a capability-less root inside could not), so a
-  project the image ships there can be edited; the file tools write as that user too, so they
+  (the engine's archive API rewrites the owners: a capability-less root inside could not; once per
+  image and directory, see :mod:`trajkit_docker.workdirs`), so a project the image ships there can
+  be edited; the file tools write as that user too, so they
   cannot change what the user could not (the image's programs and libraries, which a check runs);
 - ``HOME`` is ``/tmp`` when the user's own home is missing or not writable (a uid without an entry
   in the image's ``/etc/passwd`` gets ``/`` from the engine).
