@@ -136,3 +136,31 @@ def test_the_seccomp_profile_denies_new_namespaces() -> None:
     assert {"unshare", "setns"} <= denied
     [clone] = [rule for rule in profile["syscalls"] if rule["names"] == ["clone"]]
     assert clone["args"][0]["value"] == clone["args"][0]["valueTwo"] == 0x10000000
+
+
+@pytest.mark.engine("apptainer")
+def test_apptainer_s_errors_name_none_of_the_runner_s_directories(
+    apptainer: None, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An instance that cannot start (its overlay directory gone): Apptainer names the host path
+    of the sandbox's directory, which must not reach failures.jsonl or the logs."""
+    from trajkit.sandbox import SandboxError
+    from trajkit_singularity import backend as singularity_backend
+
+    prepare = singularity_backend._prepare_directory
+
+    def without_overlay(directory: Path, *args: Any) -> None:
+        prepare(directory, *args)
+        shutil.rmtree(directory / "overlay")
+
+    monkeypatch.setattr(singularity_backend, "_prepare_directory", without_overlay)
+
+    async def body() -> str:
+        backend = make_backend(cache_dir)
+        with pytest.raises(SandboxError) as failed:
+            await backend.create(spec())
+        return str(failed.value)
+
+    message = asyncio.run(body())
+    assert "<sandboxes>/trajkit-" in message and "overlay" in message
+    assert str(cache_dir) not in message

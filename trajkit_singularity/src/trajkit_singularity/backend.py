@@ -111,6 +111,12 @@ class SingularityBackend(SandboxBackend):
                         "TRAJKIT_APPTAINER_BINDS": ":".join(str(path) for path in binds),
                     }
                 ),
+                # The runner's directories behind the sandboxes: errors say where in them, not where.
+                {
+                    str(settings.scratch_dir): "<sandboxes>",
+                    str(settings.tmp_dir): "<build scratch>",
+                    str(settings.cache_dir): "<cache>",
+                },
             )
         return self._engine
 
@@ -324,7 +330,7 @@ class SingularityBackend(SandboxBackend):
         engine = self.engine
         env = dict(engine.env)
         env["TRAJKIT_APPTAINER_BINDS"] = f"{env['TRAJKIT_APPTAINER_BINDS']}:{path.parent}"
-        return Apptainer(engine.binary, env)
+        return Apptainer(engine.binary, env, engine.hidden)
 
     @contextlib.asynccontextmanager
     async def _starts(self) -> AsyncIterator[None]:

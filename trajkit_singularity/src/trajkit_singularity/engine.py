@@ -14,7 +14,7 @@ import json
 import os
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trajkit.sandbox import SandboxError
 
@@ -36,15 +36,26 @@ class CliResult:
     returncode: int
     stdout: bytes
     stderr: bytes
+    hidden: Mapping[str, str] = field(default_factory=dict)
+    """Host directories (-> what to say instead) that the reason must not name."""
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0
 
     def reason(self) -> str:
-        """The last lines of stderr, where Apptainer says what went wrong, on one line."""
-        lines = [line.strip() for line in self.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+        """The last lines of stderr, where Apptainer says what went wrong, on one line, naming none
+        of the :attr:`hidden` host directories (they reach failures.jsonl and logs)."""
+        text = hide(self.stderr.decode("utf-8", "replace"), self.hidden)
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
         return " | ".join(lines[-3:]) if lines else f"exit code {self.returncode}"
+
+
+def hide(text: str, hidden: Mapping[str, str]) -> str:
+    """``text`` with each host directory of ``hidden`` replaced by its stand-in, longest first."""
+    for directory in sorted(hidden, key=len, reverse=True):
+        text = text.replace(directory, hidden[directory])
+    return text
 
 
 class CliTimeout(SandboxError):
@@ -94,7 +105,12 @@ async def kill_tree(process: asyncio.subprocess.Process) -> None:
 
 
 async def run(
-    argv: Sequence[str], *, timeout: float, env: Mapping[str, str], input: bytes | None = None
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    env: Mapping[str, str],
+    input: bytes | None = None,
+    hidden: Mapping[str, str] | None = None,
 ) -> CliResult:
     """Run ``argv`` to completion within ``timeout`` seconds; raise :class:`CliTimeout` past it."""
     stdin = asyncio.subprocess.DEVNULL if input is None else asyncio.subprocess.PIPE
@@ -108,18 +124,20 @@ async def run(
         await asyncio.shield(kill_tree(process))
         raise
     assert process.returncode is not None
-    return CliResult(process.returncode, stdout, stderr)
+    return CliResult(process.returncode, stdout, stderr, dict(hidden or {}))
 
 
 class Apptainer:
-    """One engine executable and the environment its clients run with."""
+    """One engine executable, the environment its clients run with, and the host directories its
+    errors must not name (see :meth:`CliResult.reason`)."""
 
-    def __init__(self, binary: str, env: Mapping[str, str]) -> None:
+    def __init__(self, binary: str, env: Mapping[str, str], hidden: Mapping[str, str] | None = None) -> None:
         self.binary = binary
         self.env = dict(env)
+        self.hidden = dict(hidden or {})
 
     async def run(self, *args: str, timeout: float, input: bytes | None = None) -> CliResult:
-        return await run([self.binary, *args], timeout=timeout, env=self.env, input=input)
+        return await run([self.binary, *args], timeout=timeout, env=self.env, input=input, hidden=self.hidden)
 
     async def instances(self, timeout: float = 60.0) -> dict[str, int]:
         """Running instances of this user on this host: name -> pid of the instance's init."""

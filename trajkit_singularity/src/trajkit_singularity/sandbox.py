@@ -36,7 +36,7 @@ from trajkit.sandbox import (
     check_path,
 )
 from trajkit_singularity import scripts
-from trajkit_singularity.engine import Apptainer, kill_tree, spawn
+from trajkit_singularity.engine import Apptainer, hide, kill_tree, spawn
 from trajkit_singularity.files import LeavesScratch, read_beneath, write_beneath
 from trajkit_singularity.instances import InstanceState, stop_watchdog
 from trajkit_singularity.users import Confinement
@@ -131,12 +131,14 @@ class SingularitySandbox(Sandbox):
             for task in (*pumps, finished):
                 task.cancel()
         returncode = process.returncode
+        # Apptainer's own words (an exec it could not start) would name the runner's directories.
+        said = hide(stderr.text(), self.engine.hidden)
         if not timed_out and returncode == 255 and not await self._alive():
-            raise SandboxError(f"instance {self.name} is gone: {stderr.text().strip()[-500:]}")
+            raise SandboxError(f"instance {self.name} is gone: {said.strip()[-500:]}")
         return ExecResult(
             exit_code=TIMEOUT_EXIT_CODE if timed_out else (returncode if returncode is not None else -1),
             stdout=stdout.text(),
-            stderr=stderr.text(),
+            stderr=said,
             timed_out=timed_out,
             truncated=stdout.truncated or stderr.truncated,
         )
@@ -194,7 +196,7 @@ class SingularitySandbox(Sandbox):
         except BaseException:
             await asyncio.shield(kill_tree(process))
             raise
-        _raise_for_file_status(returncode, inside, errors.text().strip())
+        _raise_for_file_status(returncode, inside, hide(errors.text(), self.engine.hidden).strip())
         size = int(size_line) if size_line.isdigit() else content.total
         data = bytes(content.head + content.tail)
         if size <= limit and not content.truncated:
