@@ -1,8 +1,10 @@
 """Per-sandbox process and memory limits for the local backend, through the kernel's cgroups.
 
-Each sandbox gets a cgroup of its own below this process's, in every hierarchy that controls pids
-or memory (cgroup v1 has one per controller, v2 one for all), with ``pids.max`` and the memory
-limit written once. Each command joins its sandbox's cgroup before it starts anything (a
+Each sandbox that runs a command gets a cgroup of its own below this process's, in every hierarchy
+that controls pids or memory (cgroup v1 has one per controller, v2 one for all), with ``pids.max``
+and the memory limit written once. Making and removing a memory cgroup costs the kernel a
+millisecond or more, so a sandbox's cgroups are taken from a pool (:meth:`Cgroups.acquire`) and,
+once empty again, given back for the next sandbox (:meth:`Cgroups.release`). Each command joins its sandbox's cgroup before it starts anything (a
 ``/bin/sh`` prefix writes its own pid, then ``exec``s the command), so a fork bomb meets its
 sandbox's limit, not the machine's, and every process of the sandbox can be found and killed
 however it left its process group. Where no cgroup can be made (no write access, v2 without
@@ -28,6 +30,31 @@ class Cgroups:
         self.max_processes = max_processes
         self.memory = memory
         self.v2 = v2
+        self.free: list[str] = []
+        """Names of made, empty sandbox cgroups to hand out again."""
+        self.made = 0
+
+    def acquire(self) -> tuple[str, list[str]]:
+        """A sandbox cgroup (its name and the ``cgroup.procs`` files to join): an empty one from the
+        pool, else a new one. Safe to call from a worker thread."""
+        try:
+            name = self.free.pop()
+        except IndexError:
+            self.made += 1
+            name = f"s{self.made}"
+            return name, self.create(name)
+        return name, [os.path.join(parent, name, "cgroup.procs") for parent in self.parents.values()]
+
+    def release(self, name: str) -> None:
+        """Kill whatever is left in the sandbox cgroup ``name`` and its children, and pool it."""
+        for parent in self.parents.values():
+            path = os.path.join(parent, name)
+            with contextlib.suppress(OSError):
+                for child in os.scandir(path):
+                    if child.is_dir(follow_symlinks=False):
+                        remove(child.path)
+            kill_all(path)
+        self.free.append(name)
 
     def create(self, name: str, *, limits: bool = True) -> list[str]:
         """Make the cgroups ``name`` (a sandbox, or ``sandbox/command`` below one, which its
@@ -69,8 +96,13 @@ def wrap(argv: list[str], joins: list[str]) -> list[str]:
 
 def remove(path: str) -> None:
     """Kill the processes of the cgroup ``path`` (and of its children), then remove it."""
-    if not os.path.isdir(path):
+    try:
+        os.rmdir(path)  # usually empty already (a sandbox's PID namespace ended with its processes)
         return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
     with contextlib.suppress(OSError):
         for child in os.scandir(path):
             if child.is_dir(follow_symlinks=False):

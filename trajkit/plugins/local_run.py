@@ -66,8 +66,9 @@ class LocalSandbox(Sandbox):
         self.files_written = 0
         self.supervisor: Supervisor | None = None
         self.starting = asyncio.Lock()
+        self.cgroup = ""
         self.joins: list[str] | None = None
-        """The sandbox's cgroups (their ``cgroup.procs`` files), made by its first command."""
+        """The sandbox's cgroups (their ``cgroup.procs`` files), taken by its first command."""
         # A clean environment: the runner's own variables (API keys among them) must never be
         # visible to a command whose output lands in a trajectory.
         if backend.isolated:
@@ -94,7 +95,7 @@ class LocalSandbox(Sandbox):
     def _sandbox_cgroups(self) -> list[str]:
         if self.joins is None:
             cgroups = self.backend.cgroups
-            self.joins = cgroups.create(self.name) if cgroups else []
+            self.cgroup, self.joins = cgroups.acquire() if cgroups else ("", [])
         return self.joins
 
     async def _sandbox_cgroups_off_loop(self) -> list[str]:
@@ -102,7 +103,9 @@ class LocalSandbox(Sandbox):
         written) in a worker thread rather than on the loop every session shares."""
         if self.joins is None:
             cgroups = self.backend.cgroups
-            self.joins = await asyncio.to_thread(cgroups.create, self.name) if cgroups else []
+            self.cgroup, joins = await asyncio.to_thread(cgroups.acquire) if cgroups else ("", [])
+            self.joins = joins
+            return joins
         return self.joins
 
     # -- commands --------------------------------------------------------------------------------
@@ -159,10 +162,11 @@ class LocalSandbox(Sandbox):
         self.execs += 1
         tag = f"{self.name}/{self.execs}"
         cgroups = self.backend.cgroups
-        joins = []
+        joins, own_cgroup = [], ""
         if cgroups:
             self._sandbox_cgroups()
-            joins = cgroups.create(tag, limits=False)
+            own_cgroup = f"{self.cgroup}/c{self.execs}"
+            joins = cgroups.create(own_cgroup, limits=False)
         full_env = {**self.env, **(env or {}), MARKER: tag}
         argv = [self.backend.shell, "-c", command]
         if joins:
@@ -172,7 +176,7 @@ class LocalSandbox(Sandbox):
             await proc.wait(timeout)
         finally:
             if cgroups:
-                cgroups.destroy(tag)
+                cgroups.destroy(own_cgroup)
             else:
                 kill_marked(MARKER, tag)
         # The host path of the working directory stays out of the data.
@@ -229,9 +233,9 @@ class LocalSandbox(Sandbox):
             await asyncio.to_thread(self._remove)
 
     def _remove(self) -> None:
-        cgroups = self.backend.cgroups if self.joins is not None else None
+        cgroups = self.backend.cgroups if self.joins else None
         if cgroups:
-            cgroups.destroy(self.name)
+            cgroups.release(self.cgroup)
         shutil.rmtree(self.base, True)
 
     @property

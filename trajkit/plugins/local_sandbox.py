@@ -218,8 +218,6 @@ class LocalBackend(SandboxBackend):
             if run_id is None and not _abandoned(base / OWNER_FILE):
                 continue
             await asyncio.to_thread(kill_marked, MARKER, base.name)
-            if isinstance(self._cgroups, local_cgroups.Cgroups):
-                self._cgroups.destroy(base.name)
             await asyncio.to_thread(shutil.rmtree, base, True)
             removed += 1
         return removed

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Protocol
 
-from trajkit.plugins import bubblewrap, local_cgroups
+from trajkit.plugins import bubblewrap
 from trajkit.plugins.bubblewrap import HostUser
 from trajkit.plugins.local_command import ESCAPED_PIPE_GRACE, READ_SIZE, pidfd_or_none
 from trajkit.sandbox import CappedBuffer, SandboxError
@@ -266,10 +266,10 @@ class Supervisor:
         if self.pidfd < 0:
             await asyncio.to_thread(self.proc.wait)
             self._lost()
+        # Its PID namespace ends with it: the kernel kills every process in it before bubblewrap,
+        # its parent, sees it exit.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self.ended), KILL_GRACE)
-        for join in self.cgroup_joins:
-            local_cgroups.kill_all(os.path.dirname(join))
 
     @property
     def alive(self) -> bool:

@@ -32,6 +32,8 @@ declare -A __tk_jobs=()
 
 __tk_leftovers() {
     # Kill every process but this one in process group $1 or carrying mark $2, until none is left.
+    # Every job lives in the supervisor's session (1): only a process that left it (setsid) can
+    # have left its job's group too, so only such a process needs its environment read.
     local proc pid entry stat found round=0
     local -a environ
     while ((round < 8)); do
@@ -40,7 +42,7 @@ __tk_leftovers() {
             pid=${proc#/proc/}
             [[ $pid == 1 || $pid == "$BASHPID" ]] && continue
             read -r stat 2>/dev/null <"$proc/stat" || continue
-            stat=${stat##*) }                    # state ppid pgrp ...
+            stat=${stat##*) }                    # state ppid pgrp session ...
             [[ $stat == Z* ]] && continue
             stat=${stat#* }
             stat=${stat#* }
@@ -49,6 +51,8 @@ __tk_leftovers() {
                 found=1
                 continue
             fi
+            stat=${stat#* }
+            [[ ${stat%% *} == 1 ]] && continue
             mapfile -t -d '' environ 2>/dev/null <"$proc/environ" || continue
             for entry in "${environ[@]}"; do
                 if [[ $entry == "TRAJKIT_PROCESS=$2" ]]; then
