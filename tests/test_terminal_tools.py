@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from tests.test_singularity_backend import SIF, SingularityHarness, apptainer, c
 from trajkit.plugins.local_sandbox import LocalBackend
 from trajkit.plugins.toolsets import TERMINAL, TerminalSettings, process, terminal
 from trajkit.sandbox import SandboxSpec
+from trajkit.shell import one_line
 from trajkit.testing.engines import need_engine
 from trajkit.testing.terminal_conformance import TerminalConformance
 from trajkit.tools import ToolContext, ToolError, ToolRun, ToolSession
@@ -97,3 +99,21 @@ def test_bad_terminal_arguments_are_tool_errors(tmp_path: Path, arguments: dict,
             await backend.aclose()
 
     asyncio.run(main())
+
+
+def test_scripts_are_joined_into_one_line_with_the_same_meaning(tmp_path: Path) -> None:
+    script = (
+        "# a comment\n"
+        "f() {\n    echo in f\n}\n"
+        "for x in a b; do\n    echo $x\ndone\n"
+        'case "$1" in\nx)\n    echo case x\n    ;;\n*)\n    echo other\n    ;;\nesac\n'
+        "sleep 0 &\nwait\n"
+        "if true; then\n    f\nelse\n    echo never\nfi\n"
+        "echo one \\\n    two\n"
+    )
+    joined = one_line(script)
+    assert "\n" not in joined
+    for shell in ("bash", "sh"):
+        expected = subprocess.run([shell, "-c", script, "s", "x"], capture_output=True, text=True, check=True)
+        got = subprocess.run([shell, "-c", joined, "s", "x"], capture_output=True, text=True, check=True)
+        assert got.stdout == expected.stdout == "a\nb\ncase x\nin f\none two\n"

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from importlib import resources
 from typing import Protocol
 
+from trajkit import shell
 from trajkit.plugins import bubblewrap
 from trajkit.plugins.bubblewrap import HostUser
 from trajkit.plugins.local_command import ESCAPED_PIPE_GRACE, READ_SIZE, pidfd_or_none
@@ -46,9 +45,8 @@ class Sink(Protocol):
     def feed(self, data: bytes) -> None: ...
 
 
-@functools.cache
 def supervisor_script() -> str:
-    return (resources.files("trajkit.plugins") / "scripts" / "supervisor.bash").read_text()
+    return shell.script("trajkit.plugins", "supervisor.bash")
 
 
 class Job:

@@ -11,18 +11,16 @@ directory (``scripts/terminal.sh``) and background processes come from
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import shlex
 import time
 import uuid
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 from pydantic import Field
 
-from trajkit import hookimpl
+from trajkit import hookimpl, shell
 from trajkit.processes import SandboxProcess
 from trajkit.sandbox import cap_text
 from trajkit.settings import StrictSettings
@@ -114,9 +112,11 @@ def _flag(args: dict[str, Any], key: str) -> bool:
     return value
 
 
-async def run_command(command: str, args: dict[str, Any], ctx: ToolContext) -> str:
+async def run_command(
+    command: str, args: dict[str, Any], ctx: ToolContext, env: dict[str, str] | None = None
+) -> str:
     timeout = _seconds(args, ctx)
-    result = await ctx.sandbox.exec(command, timeout=timeout, output_cap=ctx.output_cap)
+    result = await ctx.sandbox.exec(command, timeout=timeout, env=env or None, output_cap=ctx.output_cap)
     output = result.stdout + (f"\n[stderr]\n{result.stderr}" if result.stderr else "")
     if result.timed_out:
         raise ToolError(f"command timed out after {timeout:g}s; partial output:\n{output}")
@@ -137,20 +137,27 @@ def capped_json(fields: dict[str, Any], cap: int, text_key: str = "output") -> s
         budget = max(64, budget * cap // size - 16)  # escapes expand the text about evenly
 
 
-@functools.cache
-def _terminal_script() -> str:
-    return (resources.files("trajkit.plugins") / "scripts" / "terminal.sh").read_text()
+COMMAND_VARIABLE = "TRAJKIT_COMMAND"
+"""The model's command reaches the terminal's script in this variable, which the script removes."""
 
 
-def terminal_command(command: str, workdir: str, state: TerminalSession | None, *, save: bool) -> str:
-    """``command`` as the sandbox runs it: in the session's state (``state``) or afresh (None)."""
+def terminal_command(
+    command: str, workdir: str, state: TerminalSession | None, *, save: bool
+) -> tuple[str, dict[str, str]]:
+    """``command`` as the sandbox runs it, and the environment it needs: in the session's state
+    (``state``) or afresh (None).
+
+    The state's script is one line that ends in ``eval`` of the command, which reaches it in the
+    environment rather than in the script: the shell's messages then read as the command's own
+    (``bash: line 1: ...``; a syntax error quotes the command's line, never the script).
+    """
     if state is None:
-        return f"cd -- {shlex.quote(workdir)} || exit 1\n{command}" if workdir else command
-    prefix = (
-        f'__tk_state="${{TMPDIR:-/tmp}}/{state.state_file}"\n'
-        f"__tk_dir={shlex.quote(workdir)}\n__tk_save={'1' if save else ''}\n"
+        return (f"cd -- {shlex.quote(workdir)} || exit 1; {command}" if workdir else command), {}
+    values = (
+        f'__tk_state="${{TMPDIR:-/tmp}}/{state.state_file}"; __tk_dir={shlex.quote(workdir)}; '
+        f"__tk_save={'1' if save else ''}"
     )
-    return f"{prefix}{_terminal_script()}\n{command}"
+    return f"{values}; {shell.script('trajkit.plugins', 'terminal.sh')}", {COMMAND_VARIABLE: command}
 
 
 def terminal_session(ctx: ToolContext) -> TerminalSession:
@@ -170,14 +177,16 @@ async def terminal(args: dict[str, Any], ctx: ToolContext) -> str:
     session = terminal_session(ctx)
     state = session if settings.persistent else None
     if not background:
-        return await run_command(terminal_command(command, workdir, state, save=True), args, ctx)
+        script, env = terminal_command(command, workdir, state, save=True)
+        return await run_command(script, args, ctx, env)
     running = sum(1 for bg in session.processes.values() if bg.process.returncode is None)
     if running >= settings.max_processes:
         raise ToolError(
             f"{running} background processes are running, the most a session may have; "
             "kill one with the process tool first"
         )
-    process = await ctx.sandbox.start_process(terminal_command(command, workdir, state, save=False))
+    script, env = terminal_command(command, workdir, state, save=False)
+    process = await ctx.sandbox.start_process(script, env=env)
     return capped_json(_describe(_register(session, process, command)), ctx.output_cap, "command")
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -89,6 +90,31 @@ class TerminalConformance:
                 ended = await term.run("cd deeper; export C=3; exit 7")
                 assert ended["exit_code"] == 7
                 assert (await term.run('pwd; echo "$A$C"'))["output"] == f"{cwd}/sub/deeper\n13\n"
+
+        run(body)
+
+    def test_the_shells_messages_are_the_commands_own(self, harness: BackendHarness) -> None:
+        """Nothing trajkit runs around a command shows in what the model reads: errors give the
+        command's own line numbers and quote its own text."""
+
+        async def body() -> None:
+            async with self.terminal(harness) as term:
+                missing = await term.run("true; trajkit_no_such_command")
+                assert missing["exit_code"] == 127
+                # bash: "line 1: X", dash: "1: eval: X"; BusyBox numbers an eval's lines its own way
+                # ("eval: line 0" for the first, "line 1" for the second)
+                assert re.search(r"(\b1: (eval: )?|line 0: )trajkit_no_such_command", missing["output"]), (
+                    missing
+                )
+                broken = await term.run("if then")
+                assert broken["exit_code"] == 2 and "then" in broken["output"]
+                later = await term.run("true\ntrajkit_no_such_command")
+                assert re.search(
+                    r"(\b2: (eval: )?|eval: line [01]: )trajkit_no_such_command", later["output"]
+                ), later
+                for result in (missing, broken, later):
+                    assert "__tk" not in result["output"] and "trajkit-terminal" not in result["output"]
+                    assert not re.search(r"\b([3-9]|\d\d+): ", result["output"]), result
 
         run(body)
 

@@ -1,8 +1,9 @@
 # The supervisor of one local sandbox: PID 1 of its namespaces, started once, starting every
 # command of the sandbox as a job of its own. Run as `bash -c 'eval "$TRAJKIT_SUPERVISOR"' bash
-# CONTROL SHELL` with this text in that variable (a short command line in `ps`, and a command's
-# error messages read as those of `bash -c`): the control directory is $1, the shell for commands
-# $2 (empty: this bash runs them itself, without a new program).
+# CONTROL SHELL` with this text in that variable, joined into one line (trajkit/shell.py: a short
+# command line in `ps`, and a command's error messages read as those of `bash -c`, line 1 first):
+# the control directory is $1, the shell for commands $2 (empty: this bash runs them itself,
+# without a new program).
 #
 # Requests arrive on stdin as NUL-terminated fields:
 #   x ID MODE   start job ID, as $1/ID.x says (NUL-terminated: CWD N ENV1 .. ENVN COMMAND), in
@@ -42,7 +43,8 @@ __tk_leftovers() {
             pid=${proc#/proc/}
             [[ $pid == 1 || $pid == "$BASHPID" ]] && continue
             read -r stat 2>/dev/null <"$proc/stat" || continue
-            stat=${stat##*) }                    # state ppid pgrp session ...
+            # state ppid pgrp session ...
+            stat=${stat##*) }
             [[ $stat == Z* ]] && continue
             stat=${stat#* }
             stat=${stat#* }
@@ -105,8 +107,7 @@ while IFS= read -r -d '' __tk_kind && IFS= read -r -d '' __tk_id; do
                 unset __tk_ctl __tk_jobs __tk_env __tk_entry __tk_kind __tk_id __tk_mode __tk_cwd \
                     __tk_count __tk_shell __tk_pid
                 set --
-                eval "unset __tk_command
-$__tk_command"
+                eval "unset __tk_command; $__tk_command"
             ) <&0 &
             wait "$!"
             __tk_status=$?

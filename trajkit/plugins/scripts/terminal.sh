@@ -1,9 +1,11 @@
-# One `terminal` call that carries on where the previous one left off, as in an interactive shell:
+# One `terminal` call that carries on where the previous one left off, as in an interactive shell
+# (joined into one line before the command, trajkit/shell.py, so that its line numbers stay its own):
 # the working directory and the exported variables of the last call are restored before the command
 # runs, and saved when it ends (however it ends but by being killed or replacing the shell with
 # `exec`). Prefixed with __tk_state (the file of the state, in the sandbox's temporary directory),
 # __tk_dir (a directory for this call alone, or empty) and __tk_save (1 to save the state after,
-# empty for a background process). POSIX sh, BusyBox and bash; every step a builtin.
+# empty for a background process); the command comes in TRAJKIT_COMMAND and runs through `eval`
+# at the end. POSIX sh, BusyBox and bash; every step a builtin.
 # Variables named TRAJKIT_* are left out of the state: backends mark each command's processes
 # with them, and a mark carried over from an earlier command would hide this one's processes.
 if [ -f "$__tk_state" ]; then
@@ -37,3 +39,6 @@ if [ -n "$__tk_save" ]; then
     }
     trap __tk_save EXIT
 fi
+__tk_command=$TRAJKIT_COMMAND
+unset TRAJKIT_COMMAND
+eval "$__tk_command"
