@@ -97,7 +97,7 @@ def test_every_setting_is_documented_and_exercised() -> None:
     )
     tests = vocabularies()
     undocumented, unexercised = [], []
-    for group, key, flag, setting in every_setting(host):
+    for group, key, flag, _variable, setting in every_setting(host):
         if not (setting.description or "").strip():
             undocumented.append(f"{group}: {key}")
         if not exercised(key, flag, tests):

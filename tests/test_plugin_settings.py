@@ -112,7 +112,10 @@ def run_acme(tmp_path: Path, env: dict[str, str], name: str, *flags: str) -> tup
 
 
 def test_plugin_settings_appear_in_help_and_the_listing(acme: dict[str, str]) -> None:
-    help_text = trajkit("run", "--help", env=acme).stdout
+    brief = trajkit("run", "--help", env=acme).stdout
+    assert "--greeting TEXT" in brief and "--vault.slots" not in brief  # the model client's are shown
+    assert "sandbox backend 'vault'" in brief.split("--help-all")[-1]  # the others named
+    help_text = trajkit("run", "--help-all", env=acme).stdout
     client = help_text.index("model client 'acme':")
     backend = help_text.index("sandbox backend 'vault':")
     assert "--greeting TEXT" in help_text[client:] and "What the model says when it is done." in help_text
@@ -240,3 +243,31 @@ def test_two_plugins_claiming_one_flag_is_a_usage_error_naming_both(tmp_path: Pa
         in result.stderr
     )
     assert trajkit("status", "--help", env=env).returncode == 0  # other commands are not held up
+
+
+def test_plugin_and_core_settings_from_the_environment_sit_between_flags_and_the_file(
+    tmp_path: Path, acme: dict[str, str]
+) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text('sandbox = "vault"\ngreeting = "ahoy"\n[sandbox_options.vault]\nlabel = "from-file"\n')
+    env = {**acme, "TRAJKIT_MODEL": "acme", "TRAJKIT_DEPTH": "2", "TRAJKIT_VAULT_LABEL": "from-env"}
+    code, stderr, answers = run_acme(tmp_path, env, "env", "--config", str(config))
+    assert code == 0, stderr
+    assert answers == ["ahoy ahoy / label=from-env/4/1920"]
+
+    code, stderr, answers = run_acme(tmp_path, env, "flag", "--config", str(config), "--vault.label", "flag")
+    assert code == 0, stderr
+    assert answers == ["ahoy ahoy / label=flag/4/1920"]
+
+    code, stderr, _ = run_acme(
+        tmp_path, {**env, "TRAJKIT_VAULT_SLOTS": "none"}, "bad", "--config", str(config)
+    )
+    assert code == 2
+    assert "$TRAJKIT_VAULT_SLOTS=none: sandbox backend 'vault' expects slots to be int >= 1" in stderr
+
+    listing = [json.loads(line) for line in trajkit("settings", "--json", env=acme).stdout.splitlines()]
+    by_key = {entry["key"]: entry["variable"] for entry in listing}
+    assert by_key["depth"] == "TRAJKIT_DEPTH" and by_key["max_turns"] == "TRAJKIT_MAX_TURNS"
+    assert by_key["sandbox_options.vault.slots"] == "TRAJKIT_VAULT_SLOTS"
+    variables = [name for name in by_key.values() if name]
+    assert len(variables) == len(set(variables)), "two settings read one variable"

@@ -376,18 +376,26 @@ def settings(ctx: click.Context, as_json: bool, markdown: bool) -> None:
         click.echo(settings_page(load_host(ctx)), nl=False)
         return
     group = None
-    for title, key, flag, field in every_setting(load_host(ctx)):
+    for title, key, flag, env, field in every_setting(load_host(ctx)):
         default = None if field.is_required() else field.get_default(call_default_factory=True)
         if as_json:
             kind = field_type(field)
-            entry = {"group": title, "key": key, "flag": flag, "type": kind, "default": default}
+            entry = {
+                "group": title,
+                "key": key,
+                "flag": flag,
+                "variable": env,
+                "type": kind,
+                "default": default,
+            }
             click.echo(json.dumps({**entry, "description": field.description or ""}, default=str))
             continue
         if title != group:
             group = title
             click.echo(f"\n{title}:" if title != "run" else "run (the core):")
         click.echo(f"  {key} = {json.dumps(default, default=str)}")
-        click.echo(f"      {field_type(field)}" + (f"; {flag}" if flag else "; configuration file only"))
+        where = f"; {flag}; ${env}" if flag else "; configuration file only"
+        click.echo(f"      {field_type(field)}{where}")
         if field.description:
             click.echo(f"      {' '.join(field.description.split())}")
 

@@ -5,12 +5,17 @@ model, or a plugin's ``Settings``. The field's type makes the flag's type, its d
 its default the shown default (one default, in the model). Flags are accepted in both spellings
 (``--max_turns``, ``--max-turns``); a flag not given stays ``None``, so the model's default holds
 and a configuration file's value is not overridden by a default.
+
+Every flag also reads an environment variable (:func:`variable`: ``TRAJKIT_MAX_TURNS``,
+``TRAJKIT_DOCKER_NETWORK``), as tox reads ``TOX_<KEY>``: a flag wins over its variable, a variable
+over the configuration file, the file over the model's default.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -43,10 +48,13 @@ class SettingOption(click.Option):
         target: Target = (),
         pairs: bool = False,
         field: tuple[type[BaseModel], str] | None = None,
+        plugin: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.group = group
+        self.plugin = plugin
+        """A plugin's setting: ``--help`` names its group, ``--help-all`` lists it."""
         self.target = target
         self.field = field
         """(model, field name): the help text is read from it when ``--help`` asks."""
@@ -60,18 +68,46 @@ class SettingOption(click.Option):
         return super().get_help_record(ctx)
 
 
+HELP_ALL = "trajkit.help_all"
+
+
+def _help_all(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        ctx.meta[HELP_ALL] = True
+        click.echo(ctx.get_help(), color=ctx.color)
+        ctx.exit()
+
+
 class GroupedCommand(click.Command):
-    """``--help`` lists the flags by group: the command's own, then one group per plugin."""
+    """``--help`` lists the flags by group: the command's own, then the names of the plugins whose
+    flags ``--help-all`` lists, one group per plugin."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        params = super().get_params(ctx)
+        if any(getattr(p, "plugin", False) for p in params):
+            show_all = click.Option(
+                ["--help-all"], is_flag=True, expose_value=False, is_eager=True, callback=_help_all,
+                help="Show this message with every plugin's flags, and exit.",
+            )  # fmt: skip
+            params = [*params, show_all]
+        return params
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         groups: dict[str, list[tuple[str, str]]] = {}
+        plugins: list[str] = []
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
-            if record is not None:
-                groups.setdefault(getattr(param, "group", "") or "Options", []).append(record)
+            group = getattr(param, "group", "") or "Options"
+            if getattr(param, "plugin", False) and not ctx.meta.get(HELP_ALL):
+                plugins += [] if group in plugins else [group]
+            elif record is not None:
+                groups.setdefault(group, []).append(record)
         for title, records in groups.items():
             with formatter.section(title):
                 formatter.write_dl(records)
+        if plugins:
+            with formatter.section("Plugins' flags (--help-all lists them; trajkit settings too)"):
+                formatter.write_text("; ".join(plugins) + ".")
 
 
 class PluginCommand(GroupedCommand):
@@ -98,6 +134,16 @@ class PluginCommand(GroupedCommand):
             except PluginError as exc:  # two plugins claim one flag
                 raise click.UsageError(str(exc)) from None
         return super().get_params(ctx)
+
+
+ENV_PREFIX = "TRAJKIT_"
+
+
+def variable(target: Target) -> str:
+    """The environment variable of the setting at ``target``: ``TRAJKIT_`` and the key path without
+    its section, upper case (("sandbox_options", "docker", "network") -> ``TRAJKIT_DOCKER_NETWORK``)."""
+    parts = target[1:] if target and target[0] in {c.section for c in CONCERNS} else target
+    return ENV_PREFIX + re.sub(r"[^A-Z0-9]+", "_", "_".join(parts).upper())
 
 
 def spellings(name: str) -> list[str]:
@@ -159,6 +205,7 @@ def field_option(
         return None  # a table or a nested model: configuration file (or NAME.KEY=VALUE) only
     return SettingOption(
         [*spellings(flag or str(extra.get("flag") or name)), "__".join(target)],
+        envvar=variable(target),
         group=group,
         target=target,
         field=(model, name) if model is not None else None,
@@ -223,6 +270,7 @@ def plugin_options(host: PluginHost, concerns: Iterable[Concern] = CONCERNS) -> 
                 owners[flag] = group
                 option = field_option(key, field, group=group, target=target, flag=flag, model=cls.Settings)
                 if option is not None:
+                    option.plugin = not concern.flat  # the run's one model client's are shown
                     options.append(option)
         if not concern.flat:
             options.append(
@@ -241,7 +289,8 @@ def plugin_options(host: PluginHost, concerns: Iterable[Concern] = CONCERNS) -> 
 def given_settings(
     ctx: click.Context, flags: Mapping[str, Any], from_file: Mapping[str, Any], config_path: Path | None
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The settings given, flags over the file, and where each came from (for error messages)."""
+    """The settings given, flags over their environment variables over the file, and where each
+    came from (for error messages)."""
     given: dict[str, Any] = {}
     places: dict[str, str] = {}
     _merge(given, places, from_file, lambda key: f"{config_path}: {key}")
@@ -250,7 +299,8 @@ def given_settings(
         param = params.get(dest)
         if param is None or not param.target or value is None:
             continue  # a command's own flag (--config ...), or a setting not given
-        if ctx.get_parameter_source(dest) is ParameterSource.DEFAULT:
+        source = ctx.get_parameter_source(dest)
+        if source is ParameterSource.DEFAULT:
             continue
         if param.pairs:
             _merge(
@@ -265,7 +315,8 @@ def given_settings(
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
-        places[".".join(param.target)] = param.opts[0]
+        from_environment = source is ParameterSource.ENVIRONMENT
+        places[".".join(param.target)] = f"${param.envvar}" if from_environment else param.opts[0]
     return given, places
 
 
@@ -308,30 +359,44 @@ def _pair_place(key: str, *, param: SettingOption) -> str:
     return f"{param.opts[0]} {rest}"
 
 
-def every_setting(host: PluginHost) -> Iterable[tuple[str, str, str, FieldInfo]]:
-    """(group, configuration key, flag, field) of every setting: the core's, then each plugin's
-    by concern; flag is "" for a setting only a configuration file can hold."""
+class Setting(typing.NamedTuple):
+    """One setting as ``trajkit settings`` lists it."""
+
+    group: str
+    """"run" for the core's, else the plugin: "sandbox backend 'docker'"."""
+    key: str
+    """Its configuration key: ``max_turns``, ``sandbox_options.docker.network``."""
+    flag: str
+    """Its flags ("--max_turns / --max-turns"), or "" when only a configuration file can hold it."""
+    variable: str
+    """Its environment variable, or "" when only a configuration file can hold it."""
+    field: FieldInfo
+
+
+def every_setting(host: PluginHost) -> Iterable[Setting]:
+    """Every setting: the core's, then each plugin's by concern."""
     from trajkit.config import RunConfig
 
-    def flag_of(key: str, field: FieldInfo, name: str | None) -> str:
-        option = field_option(key, field, group="", target=(key,), flag=name)
+    def setting(group: str, key: str, field: FieldInfo, target: Target, flag: str | None) -> Setting:
+        option = field_option(target[-1], field, group="", target=target, flag=flag)
         if option is not None:
-            return " / ".join(option.opts)
+            return Setting(group, key, " / ".join(option.opts), str(option.envvar), field)
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        return " / ".join(spellings(str(extra["flag"]))) if extra.get("flag") else ""  # a command's own
+        own = " / ".join(spellings(str(extra["flag"]))) if extra.get("flag") else ""  # a command's own
+        return Setting(group, key, own, "", field)
 
     for key, field in documented(RunConfig).model_fields.items():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             for inner, inner_field in documented(field.annotation).model_fields.items():
-                yield "run", f"{key}.{inner}", flag_of(inner, inner_field, f"{key}.{inner}"), inner_field
+                yield setting("run", f"{key}.{inner}", inner_field, (key, inner), f"{key}.{inner}")
         elif not key.endswith("_options"):
-            yield "run", key, flag_of(key, field, None), field
+            yield setting("run", key, field, (key,), None)
     for concern in CONCERNS:
         for name, cls in sorted(plugin_classes(host, concern).items()):
             for key, field in documented(cls.Settings).model_fields.items():
-                place = key if concern.flat else f"{concern.section}.{name}.{key}"
-                flag = flag_of(key, field, plugin_flag(concern, name, key, field))
-                yield f"{concern.title} {name!r}", place, flag, field
+                target = (key,) if concern.flat else (concern.section, name, key)
+                flag = plugin_flag(concern, name, key, field)
+                yield setting(f"{concern.title} {name!r}", ".".join(target), field, target, flag)
 
 
 def settings_page(host: PluginHost) -> str:
@@ -343,18 +408,21 @@ def settings_page(host: PluginHost) -> str:
         "",
         "Made by `trajkit settings --markdown` from the settings models of the core and of the plugins",
         "in this repository; a test keeps it current. Every key is a `--config` file key (plugin",
-        "sections as `[sandbox_options.NAME]`), every flag works in both spellings.",
+        "sections as `[sandbox_options.NAME]`), every flag works in both spellings and reads the",
+        "environment variable beside it when not given (a flag over its variable over the file).",
     ]
     group = None
-    for title, key, flag, field in every_setting(host):
+    for title, key, flag, env, field in every_setting(host):
         if title != group:
             group = title
-            lines += ["", f"## {title}", "", "| key | flag | type | default | |", "|---|---|---|---|---|"]
+            lines += ["", f"## {title}", "", "| key | flag | variable | type | default | |"]
+            lines += ["|---|---|---|---|---|---|"]
         default = "" if field.default_factory is not None else json.dumps(field.default, default=str)
         description = " ".join((field.description or "").split())
         cells = [
             f"`{key}`",
             f"`{flag.split(' / ')[0]}`" if flag else "file only",
+            f"`{env}`" if env else "",
             field_type(field),
             f"`{default}`" if default else "",
             description,
