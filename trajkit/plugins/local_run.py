@@ -36,7 +36,7 @@ from trajkit.sandbox import (
 if TYPE_CHECKING:
     from trajkit.plugins.local_sandbox import LocalBackend
 
-MARKER = "TRAJKIT_SANDBOX"
+MARKER = "TRAJKIT_SANDBOX_TAG"  # not TRAJKIT_SANDBOX: that variable is the --sandbox setting
 """Set in every unconfined command's environment, so its processes can be found and killed."""
 INLINE_IO = 256 * 1024
 """Files up to this size are read and written on the event loop; larger ones in a worker thread."""
