@@ -92,7 +92,8 @@ def test_a_worker_node_killed_mid_run_loses_nothing_and_runs_nothing_twice(
         killed.append(ledger_lines(run_dir))
         head.remove_node(workers[0], allow_graceful=False)
 
-    server = OpenAITestServer(dialect_policy, latency=0.03, keep_requests=False)
+    key = "k-handed-to-every-node"  # the nodes started without it: the executor hands it over
+    server = OpenAITestServer(dialect_policy, latency=0.03, keep_requests=False, api_key=key)
     with server:
         killer = threading.Thread(target=kill_a_node_midway, daemon=True)
         killer.start()
@@ -103,7 +104,7 @@ def test_a_worker_node_killed_mid_run_loses_nothing_and_runs_nothing_twice(
             "--ray.batch_wait", "0.01", "--ray.poll_interval", "0.5", "--ray.lost_permits_after", "30",
             "--num_workers", "30", "--max_concurrent_requests", str(limit),
             "--sandbox_option", f"local.root={sandboxes}", "--sandbox_option", "local.isolation=none",
-            env=RAY_ENV, timeout=240,
+            env={**RAY_ENV, "OPENAI_API_KEY": key}, timeout=240,
         )  # fmt: skip
         killer.join(timeout=5)
     assert result.returncode == 0, result.stderr[-4000:]

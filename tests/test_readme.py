@@ -1,4 +1,4 @@
-"""The README's commands and configuration file stay valid as the settings move into plugins."""
+"""The manual's commands and configuration files stay valid as the settings move into plugins."""
 
 from __future__ import annotations
 
@@ -10,16 +10,15 @@ from trajkit.cli import run_params
 from trajkit.configure import resolve
 from trajkit.manager import load_plugins
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
-def section(title: str) -> str:
-    start = README.index(f"\n## {title}\n")
-    return README[start : README.index("\n## ", start + 1)]
+def page(name: str) -> str:
+    return (DOCS / name).read_text()
 
 
-def test_the_readme_configuration_file_is_valid() -> None:
-    block = re.search(r"```toml\n(dataset_file = .*?)```", section("Command line"), re.S)
+def test_the_manual_s_configuration_file_is_valid() -> None:
+    block = re.search(r"```toml\n(dataset_file = .*?)```", page("configuration.md"), re.S)
     assert block is not None
     data = tomllib.loads(block.group(1))
     config = resolve(load_plugins(), data)
@@ -30,7 +29,7 @@ def test_the_readme_configuration_file_is_valid() -> None:
 
 
 def test_every_flag_the_readme_names_for_run_is_accepted() -> None:
-    text = section("Command line")
+    text = page("configuration.md")
     table = text[text.index("| flag |") : text.index("A configuration file")]
     flags = set(re.findall(r"`(--[a-z][\w.-]*)", table))
     assert len(flags) > 40
@@ -41,10 +40,10 @@ def test_every_flag_the_readme_names_for_run_is_accepted() -> None:
     assert pairs <= accepted
 
 
-def test_the_readme_compression_step_is_valid() -> None:
+def test_the_manual_s_compression_step_is_valid() -> None:
     from trajkit.compress import step
 
-    block = re.search(r"```toml\n(\[compress\].*?)```", section("Compressing trajectories"), re.S)
+    block = re.search(r"```toml\n(\[compress\].*?)```", page("compress.md"), re.S)
     assert block is not None
     host = load_plugins()
     config = resolve(host, {**tomllib.loads(block.group(1)), "model": "scripted"})

@@ -43,6 +43,10 @@ class SessionPlan:
     """The sandbox backends the pending work routes to."""
     images: tuple[tuple[str, str], ...]
     """(backend, image) pairs of the pending work, to verify before any model call is spent."""
+    key_variables: tuple[str, ...] = ()
+    """The environment variables the run's model client reads its key from
+    (:attr:`trajkit.model.ModelClient.key_variables`): an executor whose sessions run in other
+    processes hands over those that are set, never the plan (which is saved and logged) their values."""
 
 
 @dataclass(frozen=True, slots=True)

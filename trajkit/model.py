@@ -127,6 +127,9 @@ class ModelClient(ABC):
     """The client's settings. They are flags and configuration-file keys of their own name
     (``--max_retries``), saved under ``model_options.NAME``; read them in :meth:`from_config`
     with ``config.settings_of(cls)``. None by default."""
+    key_variables: ClassVar[tuple[str, ...]] = ()
+    """The environment variables the client reads its key from. An executor that runs sessions in
+    other processes or on other nodes hands them over (never saving or logging them)."""
     offline: ClassVar[bool] = False
     """Answers without a model behind it (scripted placeholders): fine for a dry run, not data."""
     takes_params: ClassVar[bool] = False

@@ -309,6 +309,7 @@ class Runner:
             run_tools=tuple(self.run_tools),
             backends=tuple(sorted({order.backend for order in pending})),
             images=tuple(sorted({(o.backend, o.item.row.image) for o in pending if o.item.row.image})),
+            key_variables=self.host.model_client(self.config.model).key_variables,
         )
 
     async def _execute(self, executor: Executor, pending: list[WorkOrder], index: LedgerIndex) -> RunRecorder:

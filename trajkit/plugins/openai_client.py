@@ -157,6 +157,7 @@ class OpenAIClient(ModelClient):
     """
 
     name = "openai"
+    key_variables = KEY_VARIABLES
     Settings = OpenAISettings
     takes_any_model = True
     takes_params = True

@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trajkit")
 
-KEY_VARIABLES = ("OPENROUTER_API_KEY", "OPENAI_API_KEY")
-"""Handed to the actors when set here, so that the model client finds its key on every node."""
 MAX_KEPT_STATISTICS = {"throttled", "throttle_recovered"}
 """Counters of the shared limiter that every actor reports in full: the largest, not the sum."""
 CLOSE_TIMEOUT = 120.0
@@ -150,7 +148,8 @@ class RayExecutor(Executor):
         returns the actors that could, or raises the first error a session would have met."""
         import ray
 
-        environment = {name: os.environ[name] for name in KEY_VARIABLES if os.environ.get(name)}
+        # the model client's key variables, so that it finds its key on every node
+        environment = {name: os.environ[name] for name in plan.key_variables if os.environ.get(name)}
         opened = await asyncio.gather(
             *(self._call(actor.handle.open.remote(plan, self.limiter, environment)) for actor in self.actors),
             return_exceptions=True,
