@@ -115,7 +115,9 @@ def test_every_hook_spec_is_documented_and_exercised() -> None:
         assert ":return:" in doc or ":param" in doc, (
             f"{name}: the docstring says neither what it gets nor returns"
         )
-        assert re.search(rf"^\| `{name}\(", readme, re.M), f"{name} is not in docs/plugins.md's table of hooks"
+        assert re.search(rf"^\| `{name}\(", readme, re.M), (
+            f"{name} is not in docs/plugins.md's table of hooks"
+        )
         assert any(name in test.hooks for test in tests), f"no test implements or calls {name}"
 
 
