@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trajkit.config import RunConfig
 from trajkit.dataset import WorkItem
 from trajkit.filters import Record, TrajectoryFilter
 from trajkit.jsonutil import dumps_line
@@ -344,22 +343,6 @@ def _client_counters(invocations: list[dict[str, Any]], spend: dict[str, float])
 
 def _samples_per_prompt(paired: list[tuple[WorkItem, Location | None]]) -> int:
     return max((item.sample for item, _ in paired), default=0) + 1
-
-
-def warn_if_all_rejected(statistics: dict[str, Any], config: RunConfig) -> None:
-    """An empty output because the filters rejected everything: say which, and how to merge again."""
-    if not statistics["trajectories"] or statistics["kept"]:
-        return
-    from trajkit.run_settings import resume_command
-
-    filters = sorted(statistics["rejected_by_filter"])
-    disable = [part for name in filters for part in ("--no_filter", name)]
-    log.warning(
-        "every trajectory was rejected (by %s): the outputs are empty; to merge again without %s: %s",
-        ", ".join(filters),
-        "it" if len(filters) == 1 else "them",
-        resume_command(config, *disable, "--allow_change", "disabled_filters"),
-    )
 
 
 def failure_summary(

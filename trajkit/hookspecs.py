@@ -236,6 +236,7 @@ def trajkit_trajectory_finished(run: RunInfo, record: Record, rejection: str | N
 
     Called in the driving process, on the event loop: keep it quick and do not block.
 
+    :param run: the run it belongs to.
     :param record: the trajectory record as written to the ledger.
     :param rejection: ``"filter: reason"`` if a filter rejected it, else None.
     """
@@ -245,5 +246,6 @@ def trajkit_trajectory_finished(run: RunInfo, record: Record, rejection: str | N
 def trajkit_run_end(run: RunInfo, statistics: Mapping[str, Any]) -> None:
     """The run has stopped (finished or interrupted) and ``statistics.json`` was written.
 
+    :param run: the run that stopped.
     :param statistics: the statistics of the whole run, across invocations.
     """

@@ -61,6 +61,7 @@ DEFAULT_PLUGINS = (
     "trajkit.plugins.token_counters",
     "trajkit.plugins.serve",
     "trajkit.plugins.package_hints",
+    "trajkit.plugins.run_log",
 )
 
 T = TypeVar("T")

@@ -323,13 +323,6 @@ class RunRecorder:
         self.counters.succeeded += 1
         self.counters.rejected += reason is not None
         self.counters.tokens += record["usage"]["total_tokens"]
-        if self.config.verbose:
-            log.info(
-                "finished %s (prompt %d)%s",
-                record["work_id"],
-                record["prompt_index"],
-                f": {reason}" if reason else "",
-            )
         self.host.trajectory_finished(self.info, record, reason)
 
     def _record_failure(self, failure: Failed) -> None:

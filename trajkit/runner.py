@@ -33,7 +33,7 @@ from trajkit.config import RunConfig
 from trajkit.dataset import RowError, WorkItem
 from trajkit.execute import SessionFailure
 from trajkit.executor import Executor, SessionPlan, WorkOrder
-from trajkit.finalize import merge_run, warn_if_all_rejected
+from trajkit.finalize import merge_run
 from trajkit.hookspecs import RunInfo
 from trajkit.ledger import LedgerIndex, Location, read_jsonl, scan
 from trajkit.manager import PluginError, PluginHost
@@ -278,7 +278,6 @@ class Runner:
             self.manifest.data,
             settled=settled,
         )
-        warn_if_all_rejected(statistics, self.config)
         compressed = self.interrupted or await self._compress()
         self.host.run_end(self.info, statistics)
         code = self._exit_code(statistics, work.row_errors)
