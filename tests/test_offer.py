@@ -251,12 +251,12 @@ def test_the_listing_says_what_is_missing_and_why(gated: PluginHost) -> None:
     assert entries["research"]["missing"] == {"browser": "no installed plugin provides it"}
 
 
-def test_the_manual_s_distributions_table_is_generated_from_the_code() -> None:
-    readme = (ROOT / "docs" / "distributions.md").read_text()
+def test_the_readme_distributions_table_is_generated_from_the_code() -> None:
+    readme = (ROOT / "README.md").read_text()
     marker = "<!-- distributions: trajkit distributions --markdown -->\n"
     start = readme.index(marker) + len(marker)
     assert readme[start : readme.index("\n\n", start) + 1] == markdown_table(load_plugins()), (
-        "stale: paste `trajkit distributions --markdown` into docs/distributions.md"
+        "stale: paste `trajkit distributions --markdown` into README.md"
     )
 
 

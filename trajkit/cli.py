@@ -343,7 +343,7 @@ def print_distributions(host: PluginHost, config: RunConfig, as_json: bool = Fal
     help="A run's configuration file: its distributions and toolset settings count.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per distribution.")
-@click.option("--markdown", is_flag=True, help="A Markdown table (docs/distributions.md's is made so).")
+@click.option("--markdown", is_flag=True, help="A Markdown table (the README's is made so).")
 @click.pass_context
 def distributions(ctx: click.Context, config_path: Path | None, as_json: bool, markdown: bool) -> None:
     """List toolset distributions: each one's toolsets with the share of prompts offered each,

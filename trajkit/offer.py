@@ -246,7 +246,7 @@ def _offered_here(distribution: Distribution, gone: dict[str, Missing]) -> dict[
 
 
 def markdown_table(host: PluginHost) -> str:
-    """The installed plugins' distributions as a Markdown table (docs/distributions.md's is made so)."""
+    """The installed plugins' distributions as a Markdown table (the README's is made so)."""
     from trajkit.config import RunConfig
 
     lines = ["| distribution | toolsets (% of prompts offered each) | |", "|---|---|---|"]
