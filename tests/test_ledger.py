@@ -23,7 +23,7 @@ from trajkit.rundir import batch_files
 
 
 def ledger_record(work_id: str, **fields: Any) -> dict[str, Any]:
-    """A record with every field the merge reads (the scan checks them), plus ``fields``."""
+    """A record with every field a record must have (the scan checks them), plus ``fields``."""
     record = {
         "work_id": work_id,
         "prompt_id": work_id.rpartition(".")[0],
@@ -31,10 +31,17 @@ def ledger_record(work_id: str, **fields: Any) -> dict[str, Any]:
         "conversations": [{"from": "human", "value": "task"}],
         "metadata": {},
         "completed": True,
+        "partial": False,
         "api_calls": 1,
+        "toolsets_used": [],
+        "tools_offered": [],
         "tool_stats": {},
+        "tool_error_counts": {},
+        "invalid_tool_calls": 0,
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2, "cost": None},
         "duration_s": 0.5,
+        "attempt": 1,
+        "finish_reason": "stop",
         "sandbox": {"backend": "local", "image": None, "digest": None},
     }
     return {**record, **fields}

@@ -1,7 +1,7 @@
 """The trajectory record built as JSON directly must be exactly what the pydantic models give.
 
 ``record_json`` (the runner's path) skips the models when every value already has its JSON type;
-``trajectory_record(...).to_json_dict()`` is the reference. Both are built here from the same
+the same record sent through the models is the reference. Both are built here from the same
 session for records of many shapes and compared key by key, order and types included, so the
 two cannot drift apart.
 """
@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from trajkit import records
 from trajkit.agent import ConversationResult, ToolStat
 from trajkit.model import Message, Usage
-from trajkit.records import TrajectoryRecord, record_json, trajectory_record
+from trajkit.records import TrajectoryRecord, record_json
 
 RUN_TOOLS = ["execute_code", "patch", "read_file", "search_files", "terminal", "write_file"]
 SYSTEM = "You are a capable assistant working in a sandboxed environment."
@@ -260,10 +260,13 @@ def assert_identical(got: Any, want: Any, where: str = "record") -> None:
 
 
 def reference(result: ConversationResult, kwargs: dict[str, Any]) -> dict[str, Any] | type[Exception]:
-    try:
-        return trajectory_record(result, RUN_TOOLS, **kwargs).to_json_dict()
-    except (ValidationError, TypeError) as exc:
-        return type(exc)
+    """The record as the models give it: record_json told that nothing is plain."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(records, "_plain_scalars", lambda *args: False)
+        try:
+            return record_json(result, RUN_TOOLS, **kwargs)
+        except (ValidationError, TypeError) as exc:
+            return type(exc)
 
 
 def validated_through_models(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:

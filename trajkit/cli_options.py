@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -28,7 +27,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 from trajkit.configure import CONCERNS, Concern, plugin_classes
-from trajkit.settings import Metavar, documented
+from trajkit.settings import Metavar, documented, unwrap_optional
 
 if TYPE_CHECKING:
     from trajkit.manager import PluginHost
@@ -153,15 +152,6 @@ def spellings(name: str) -> list[str]:
 _METAVARS = {int: "INTEGER", float: "FLOAT", Path: "PATH"}
 
 
-def _unwrap(annotation: Any) -> tuple[Any, bool]:
-    """``X | None`` -> (X, True)."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        members = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(members) == 1:
-            return members[0], True
-    return annotation, False
-
-
 def _comma_items(_ctx: click.Context, _param: click.Parameter, values: Any) -> list[str] | None:
     """Repeatable and comma-separated: ``--x a,b --x c`` -> [a, b, c]; not given -> None."""
     if not values:
@@ -183,7 +173,7 @@ def field_option(
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     if extra.get("cli") is False:
         return None
-    annotation, _ = _unwrap(field.annotation)
+    annotation, _ = unwrap_optional(field.annotation)
     origin = typing.get_origin(annotation)
     kwargs: dict[str, Any] = {"default": None}
     if annotation is bool:

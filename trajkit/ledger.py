@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from trajkit.dataset import PlannedRow, WorkItem
 from trajkit.jsonutil import dumps_line, loads
+from trajkit.record_schema import record_problem
 from trajkit.rundir import batch_files, batch_path
 
 log = logging.getLogger("trajkit")
@@ -95,41 +96,6 @@ def scan(run_dir: Path, known: LedgerIndex | None = None) -> LedgerIndex:
                 prompt_id, _, occurrence = work_id.rpartition(".")
                 index.by_prompt.setdefault(prompt_id, []).append(int(occurrence))
     return index
-
-
-# What the merge, the statistics and the filters read from every record: a line without them is
-# not a record, however well-formed its JSON.
-_REQUIRED: tuple[tuple[str, type | tuple[type, ...]], ...] = (
-    ("work_id", str),
-    ("prompt_id", str),
-    ("prompt_index", int),
-    ("conversations", list),
-    ("metadata", dict),
-    ("completed", bool),
-    ("api_calls", int),
-    ("tool_stats", dict),
-    ("usage", dict),
-    ("duration_s", (int, float)),
-    ("sandbox", dict),
-)
-
-
-def record_problem(record: Any) -> str | None:
-    """Why ``record`` (parsed) is not a ledger record, or None."""
-    if not isinstance(record, dict):
-        return f"a JSON {type(record).__name__}, not a record"
-    for key, kind in _REQUIRED:
-        if not isinstance(record.get(key), kind):
-            return f"field {key!r} missing or of the wrong type"
-    prompt_id, dot, occurrence = record["work_id"].rpartition(".")
-    if not dot or prompt_id != record["prompt_id"] or not (occurrence.isascii() and occurrence.isdigit()):
-        return f"work_id {record['work_id']!r} does not belong to prompt_id {record['prompt_id']!r}"
-    usage, sandbox = record["usage"], record["sandbox"]
-    if not isinstance(usage.get("prompt_tokens"), int) or not isinstance(usage.get("completion_tokens"), int):
-        return "field 'usage' lacks its token counts"
-    if not isinstance(sandbox.get("backend"), str):
-        return "field 'sandbox' lacks its backend"
-    return None
 
 
 def check_line(raw: bytes) -> tuple[str | None, str]:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 
-from trajkit.agent import ConversationResult
-from trajkit.model import Message, Usage
+if TYPE_CHECKING:
+    from trajkit.agent import ConversationResult
+    from trajkit.model import Message, Usage
 
 ROLE_NAMES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
 
@@ -73,132 +75,69 @@ class SandboxRecord(BaseModel):
     digest: str | None
 
 
+CARRIED: JsonDict = {"carried": True}
+"""A field the derived formats (hermes, openai, chat-template exports) carry beside the conversation."""
+
+
 class TrajectoryRecord(BaseModel):
+    """One finished session: the one definition of the record's shape. The ledger's check, the
+    derived formats' fields, the Parquet and Hugging Face schemas and the manual's table are made
+    from it (:mod:`trajkit.record_schema`)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    work_id: str
-    """prompt_id plus the occurrence number among identical rows: the ledger's key."""
-    prompt_id: str
-    prompt_index: int
-    sample: int = 0
-    """Which of its row's samples this is (``--samples_per_prompt``); a row's samples share
+    work_id: str = Field(json_schema_extra=CARRIED)
+    """``prompt_id`` plus the occurrence number among identical rows: the ledger's key."""
+    prompt_id: str = Field(json_schema_extra=CARRIED)
+    """The content hash of the row."""
+    prompt_index: int = Field(json_schema_extra=CARRIED)
+    """The row's position in the dataset (0-based)."""
+    sample: int = Field(0, json_schema_extra=CARRIED)
+    """Which of its row's samples this is (``--samples_per_prompt``, 0-based); a row's samples share
     ``prompt_index`` and are next to each other in the outputs."""
     conversations: list[Turn]
-    metadata: dict[str, Any]
-    completed: bool
-    partial: bool
+    """ShareGPT turns; gpt turns carry their tool calls (arguments as the JSON string the model
+    sent) and reasoning, tool turns the call they answer."""
+    metadata: dict[str, Any] = Field(json_schema_extra=CARRIED)
+    """``batch_num``, ``timestamp``, ``model`` and the row's own extra fields."""
+    completed: bool = Field(json_schema_extra=CARRIED)
+    """The model gave a final answer within ``max_turns`` (which says nothing of whether it did
+    the task: see ``score``)."""
+    partial: bool = Field(json_schema_extra=CARRIED)
     """Ended without a final answer: cut off by max_turns (mid tool turn) or by the token limit."""
-    api_calls: int
+    api_calls: int = Field(json_schema_extra=CARRIED)
+    """Model calls made."""
     toolsets_used: list[str]
     """The offered toolsets of which the model called some tool."""
-    toolsets_offered: list[str] = []
+    toolsets_offered: list[str] = Field([], json_schema_extra={"default_from": "toolsets_used"})
     """The toolsets drawn for this prompt from the distribution."""
     tools_offered: list[str]
+    """The tools of the offered toolsets."""
     tool_schemas_key: str | None = None
     """Names the schemas of the offered tools, as the model saw them, in the run's ``tools.json``
-    (None in records of runs made before it, and of served sessions)."""
-    tool_stats: dict[str, ToolStatRecord]
-    tool_error_counts: dict[str, int]
-    invalid_tool_calls: int
+    (null in records of runs made before it, and of served sessions)."""
+    tool_stats: dict[str, ToolStatRecord] = Field(json_schema_extra={"keyed_by": "tool"})
+    """Per tool calls, successes and failures, zero-filled over every tool of the run so every
+    row has the same schema."""
+    tool_error_counts: dict[str, int] = Field(json_schema_extra={"keyed_by": "tool", "value_name": "count"})
+    """Per tool failures (as in ``tool_stats``)."""
+    invalid_tool_calls: int = Field(json_schema_extra=CARRIED)
+    """Calls to names that are no tool of the run at all."""
     usage: UsageRecord
-    duration_s: float
-    attempt: int
-    finish_reason: str | None
+    """Prompt, completion and total tokens; the cost when the endpoint reports it."""
+    duration_s: float = Field(json_schema_extra=CARRIED)
+    """Seconds the session took."""
+    attempt: int = Field(json_schema_extra=CARRIED)
+    """Which attempt at the work item this was."""
+    finish_reason: str | None = Field(json_schema_extra=CARRIED)
+    """The model's last finish reason."""
     sandbox: SandboxRecord
-    score: ScoreRecord | None = None
-    """The row's checks (:mod:`trajkit.scorers`), None when the row carries none."""
+    """The backend, the image and the image's digest."""
+    score: ScoreRecord | None = Field(None, json_schema_extra=CARRIED)
+    """The row's checks (:mod:`trajkit.scorers`), null when the row carries none."""
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
-
-
-def conversation_turns(messages: list[Message]) -> list[Turn]:
-    turns = []
-    for message in messages:
-        calls = [
-            ToolCallRecord(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
-            for c in message.get("tool_calls") or []
-        ]
-        turns.append(
-            Turn(
-                from_=ROLE_NAMES[message["role"]],
-                value=message.get("content") or "",
-                reasoning=message.get("reasoning"),
-                tool_calls=calls,
-                tool_call_id=message.get("tool_call_id"),
-                name=message.get("name"),
-            )
-        )
-    return turns
-
-
-def tool_columns(
-    result: ConversationResult, run_tools: list[str]
-) -> tuple[dict[str, ToolStatRecord], dict[str, int]]:
-    """tool_stats and tool_error_counts, zero-filled over every tool of the run."""
-    stats = {}
-    for name in run_tools:
-        stat = result.tool_stats.get(name)
-        stats[name] = ToolStatRecord(
-            count=stat.count if stat else 0,
-            success=stat.success if stat else 0,
-            failure=stat.failure if stat else 0,
-        )
-    return stats, {name: stat.failure for name, stat in stats.items()}
-
-
-def trajectory_record(
-    result: ConversationResult,
-    run_tools: Sequence[str],
-    *,
-    work_id: str,
-    prompt_id: str,
-    prompt_index: int,
-    metadata: dict[str, Any],
-    toolsets_used: list[str],
-    tools_offered: list[str],
-    duration_s: float,
-    attempt: int,
-    backend: str,
-    image: str | None,
-    digest: str | None,
-    tool_schemas_key: str | None = None,
-    sample: int = 0,
-    toolsets_offered: list[str] | None = None,
-    score: dict[str, Any] | None = None,
-) -> TrajectoryRecord:
-    """A finished session's record, built and validated through the models."""
-    tool_stats, tool_errors = tool_columns(result, list(run_tools))
-    usage = result.usage
-    return TrajectoryRecord(
-        work_id=work_id,
-        prompt_id=prompt_id,
-        prompt_index=prompt_index,
-        sample=sample,
-        conversations=conversation_turns(result.messages),
-        metadata=metadata,
-        completed=result.completed,
-        partial=not result.completed,
-        api_calls=result.api_calls,
-        toolsets_used=toolsets_used,
-        toolsets_offered=toolsets_used if toolsets_offered is None else toolsets_offered,
-        tools_offered=tools_offered,
-        tool_schemas_key=tool_schemas_key,
-        tool_stats=tool_stats,
-        tool_error_counts=tool_errors,
-        invalid_tool_calls=result.invalid_tool_calls,
-        usage=UsageRecord(
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            total_tokens=usage.prompt_tokens + usage.completion_tokens,
-            cost=usage.cost,
-        ),
-        duration_s=duration_s,
-        attempt=attempt,
-        finish_reason=result.finish_reason,
-        sandbox=SandboxRecord(backend=backend, image=image, digest=digest),
-        score=None if score is None else ScoreRecord.model_validate(score),
-    )
 
 
 _OPTIONAL_STR = frozenset({str, type(None)})
@@ -226,7 +165,7 @@ def record_json(
     toolsets_offered: list[str] | None = None,
     score: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``trajectory_record(...).to_json_dict()`` for the same arguments, without building the models.
+    """A finished session's record, as JSON: what ``TrajectoryRecord(...).to_json_dict()`` gives.
 
     Assembled as JSON directly (several times cheaper, and this runs on the event loop for every
     trajectory). A value from outside trajkit's own counting (messages, usage, tool names, the
@@ -267,6 +206,11 @@ def record_json(
     }
     if plain:
         return record
+    return through_models(record)
+
+
+def through_models(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` validated and dumped by :class:`TrajectoryRecord` (coerced, or refused)."""
     return TrajectoryRecord.model_validate(record).to_json_dict()
 
 

@@ -159,6 +159,15 @@ def field_type(field: Any) -> str:
     return named[0].lower() if named else type_name(field.annotation)
 
 
+def unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    """``X | None`` -> (X, True); anything else -> (it, False)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(members) == 1:
+            return members[0], True
+    return annotation, False
+
+
 def type_name(annotation: Any) -> str:
     """``int | None`` -> "int or none", ``Literal["a", "b"]`` -> "one of a, b", ``list[str]`` -> "list of str"."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)

@@ -30,25 +30,11 @@ from typing import Any
 import yaml
 
 from trajkit.filters import Record
-from trajkit.plugins.writers import SCALAR_FIELDS, OpenAIWriter
+from trajkit.plugins.writers import OpenAIWriter
+from trajkit.record_schema import hf_features
 from trajkit.rundir import MANIFEST_FILE, read_json_object, read_statistics
 
 DATASETS_MISSING = "the hf export needs the datasets package: pip install 'datasets>=5'"
-
-SCALAR_TYPES = {
-    "work_id": "string",
-    "prompt_id": "string",
-    "prompt_index": "int64",
-    "sample": "int64",
-    "completed": "bool",
-    "partial": "bool",
-    "api_calls": "int64",
-    "invalid_tool_calls": "int64",
-    "duration_s": "float64",
-    "attempt": "int64",
-    "finish_reason": "string",
-}
-"""Arrow types of the record fields the openai rows carry (:data:`SCALAR_FIELDS`)."""
 
 
 class HFExportError(Exception):
@@ -68,35 +54,16 @@ def _datasets() -> Any:
 
 
 def features(datasets: Any) -> Any:
-    """The declared features of an exported row (an ``openai`` row)."""
+    """The declared features of an exported row (an ``openai`` row): its messages and tools, and
+    the record fields it carries, typed from the record's definition."""
     string = datasets.Value("string")
     tool = {
         "type": string,
         "function": {"name": string, "description": string, "parameters": datasets.Json()},
     }
-    missing = [key for key in SCALAR_FIELDS if key not in SCALAR_TYPES]
-    if missing:
-        raise HFExportError(f"no declared type for the record fields {missing}")
-    check = {
-        "scorer": string,
-        "passed": datasets.Value("bool"),
-        "value": datasets.Value("float64"),
-        "detail": string,
-    }
-    score = {
-        "passed": datasets.Value("bool"),
-        "value": datasets.Value("float64"),
-        "checks": datasets.List(check),
-    }
+    # each message its own object: keys only where they apply, no nulls filled in
     return datasets.Features(
-        {
-            # each message its own object: keys only where they apply, no nulls filled in
-            "messages": datasets.List(datasets.Json()),
-            "tools": datasets.List(tool),
-            "metadata": datasets.Json(),
-            "score": score,
-            **{key: datasets.Value(SCALAR_TYPES[key]) for key in SCALAR_FIELDS},
-        }
+        {"messages": datasets.List(datasets.Json()), "tools": datasets.List(tool), **hf_features(datasets)}
     )
 
 

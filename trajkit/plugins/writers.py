@@ -26,6 +26,7 @@ from trajkit import hookimpl
 from trajkit.filters import Record
 from trajkit.jsonutil import dumps_line
 from trajkit.manager import PluginError, load_plugins
+from trajkit.record_schema import arrow_rows, arrow_schema, carried_fields, with_defaults
 from trajkit.settings import StrictSettings
 from trajkit.writers import OutputWriter
 
@@ -33,25 +34,6 @@ log = logging.getLogger("trajkit")
 
 ToolSchema = dict[str, Any]
 """A tool as the OpenAI ``tools`` list has it: ``{"type": "function", "function": {...}}``."""
-
-SCALAR_FIELDS = (
-    "work_id",
-    "prompt_id",
-    "prompt_index",
-    "sample",
-    "completed",
-    "partial",
-    "api_calls",
-    "invalid_tool_calls",
-    "duration_s",
-    "attempt",
-    "finish_reason",
-)
-"""Record fields that the derived formats (hermes, openai) carry beside the conversation."""
-
-CARRIED_FIELDS = ("metadata", "score")
-"""Record fields of several parts that the derived formats carry too: the row's own fields and the
-model; the checks' score (null when the row has no checks)."""
 
 
 @hookimpl
@@ -80,11 +62,11 @@ def write_jsonl(rows: Iterable[Mapping[str, Any]], path: Path) -> int:
 
 
 def scalar_fields(record: Record) -> dict[str, Any]:
-    """The record fields a derived row carries beside its conversation (:data:`SCALAR_FIELDS`,
-    :data:`CARRIED_FIELDS`); a field that records of older runs lack is null, or 0 for ``sample``."""
-    row = {key: record.get(key) for key in (*CARRIED_FIELDS, *SCALAR_FIELDS)}
-    row["sample"] = record.get("sample", 0)
-    return row
+    """The record fields a derived row carries beside its conversation
+    (:func:`trajkit.record_schema.carried_fields`); those that records of older runs lack at
+    their defaults."""
+    full = with_defaults(record)
+    return {key: full.get(key) for key in carried_fields()}
 
 
 # -- writers that render the offered tools --------------------------------------------------------
@@ -346,11 +328,12 @@ class ParquetWriter(OutputWriter):
 
     def write(self, records: Iterable[Record], path: Path) -> int:
         pa, pq = _pyarrow()
-        schema = parquet_schema(pa)
+        schema = arrow_schema(pa)
+        row = arrow_rows()
         count = 0
         with pq.ParquetWriter(str(path), schema) as out:
             for batch in _batches(records, self.rows_per_group, self.bytes_per_group):
-                out.write_table(pa.Table.from_pylist([parquet_row(r) for r in batch], schema=schema))
+                out.write_table(pa.Table.from_pylist([row(r) for r in batch], schema=schema))
                 count += len(batch)
         return count
 
@@ -366,83 +349,6 @@ def _batches(records: Iterable[Record], max_rows: int, max_bytes: int) -> Iterat
             batch, size = [], 0
     if batch:
         yield batch
-
-
-def parquet_row(record: Record) -> dict[str, Any]:
-    return {
-        "sample": 0,  # records of runs made before samples per prompt
-        "toolsets_offered": record["toolsets_used"],
-        "score": None,
-        **record,
-        "metadata": json.dumps(record["metadata"], ensure_ascii=False, sort_keys=True),
-        "tool_stats": [{"tool": name, **stat} for name, stat in sorted(record["tool_stats"].items())],
-        "tool_error_counts": [
-            {"tool": name, "count": count} for name, count in sorted(record["tool_error_counts"].items())
-        ],
-    }
-
-
-def parquet_schema(pa: Any) -> Any:
-    """The Arrow schema of a parquet row; the columns are the trajectory record's, in its order."""
-    call = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
-    turn = pa.struct(
-        [
-            ("from", pa.string()),
-            ("value", pa.string()),
-            ("reasoning", pa.string()),
-            ("tool_calls", pa.list_(call)),
-            ("tool_call_id", pa.string()),
-            ("name", pa.string()),
-        ]
-    )
-    counts = [("count", pa.int64()), ("success", pa.int64()), ("failure", pa.int64())]
-    return pa.schema(
-        [
-            ("work_id", pa.string()),
-            ("prompt_id", pa.string()),
-            ("prompt_index", pa.int64()),
-            ("sample", pa.int64()),
-            ("conversations", pa.list_(turn)),
-            ("metadata", pa.string()),
-            ("completed", pa.bool_()),
-            ("partial", pa.bool_()),
-            ("api_calls", pa.int64()),
-            ("toolsets_used", pa.list_(pa.string())),
-            ("toolsets_offered", pa.list_(pa.string())),
-            ("tools_offered", pa.list_(pa.string())),
-            ("tool_schemas_key", pa.string()),
-            ("tool_stats", pa.list_(pa.struct([("tool", pa.string()), *counts]))),
-            ("tool_error_counts", pa.list_(pa.struct([("tool", pa.string()), ("count", pa.int64())]))),
-            ("invalid_tool_calls", pa.int64()),
-            (
-                "usage",
-                pa.struct(
-                    [
-                        ("prompt_tokens", pa.int64()),
-                        ("completion_tokens", pa.int64()),
-                        ("total_tokens", pa.int64()),
-                        ("cost", pa.float64()),
-                    ]
-                ),
-            ),
-            ("duration_s", pa.float64()),
-            ("attempt", pa.int64()),
-            ("finish_reason", pa.string()),
-            (
-                "sandbox",
-                pa.struct([("backend", pa.string()), ("image", pa.string()), ("digest", pa.string())]),
-            ),
-            ("score", score_type(pa)),
-        ]
-    )
-
-
-def score_type(pa: Any) -> Any:
-    """The Arrow type of a record's ``score`` (null when the row has no checks)."""
-    check = pa.struct(
-        [("scorer", pa.string()), ("passed", pa.bool_()), ("value", pa.float64()), ("detail", pa.string())]
-    )
-    return pa.struct([("passed", pa.bool_()), ("value", pa.float64()), ("checks", pa.list_(check))])
 
 
 PARQUET_MISSING = "the parquet writer needs pyarrow: pip install 'trajkit[parquet]'"
