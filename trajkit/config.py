@@ -63,11 +63,11 @@ class Route(BaseModel):
         return fnmatch.fnmatchcase(image or "", self.image)
 
 
-def flag(name: str | None = None, *, repeat: bool = False, cli: bool = True) -> dict[str, Any]:
+def flag(name: str | None = None, *, cli: bool = True) -> dict[str, Any]:
     """Field metadata for the command line: the flag's ``name`` when it differs from the field's,
-    ``repeat`` for a list given one item per flag, ``cli=False`` for settings only a configuration
-    file can hold."""
-    return {"flag": name, "repeat": repeat, "cli": cli}
+    ``cli=False`` for settings only a configuration file can hold. (A list's flag is repeatable
+    and takes comma-separated items whatever it says.)"""
+    return {"flag": name, "cli": cli}
 
 
 class RunConfig(BaseModel):
@@ -112,7 +112,7 @@ class RunConfig(BaseModel):
     resume: bool = False
     """Continue the run in the run directory with the settings it was made with (run.json);
     on the command line, --resume RUN_DIR names the directory alone."""
-    allow_change: list[str] = Field([], json_schema_extra=flag(repeat=True))
+    allow_change: list[str] = Field([], json_schema_extra=flag())
     """A setting that shapes the output which this --resume may change from the run's own
     (repeatable; each change is recorded in run.json)."""
     overwrite: bool = False
@@ -166,11 +166,11 @@ class RunConfig(BaseModel):
     check_timeout: float = Field(600.0, gt=0)
     """Seconds a row's check command (its "check" field) may run in the sandbox after the session."""
 
-    filters: list[str] = Field([], json_schema_extra=flag("filter", repeat=True))
+    filters: list[str] = Field([], json_schema_extra=flag("filter"))
     """Enable a filter that is off by default (repeatable)."""
-    disabled_filters: list[str] = Field([], json_schema_extra=flag("no_filter", repeat=True))
+    disabled_filters: list[str] = Field([], json_schema_extra=flag("no_filter"))
     """Disable a filter (repeatable)."""
-    writers: list[str] = Field([], json_schema_extra=flag("writer", repeat=True))
+    writers: list[str] = Field([], json_schema_extra=flag("writer"))
     """Output writer(s), repeatable (default: the ones registered as default)."""
     executor: str = "local"
     """Runs the sessions: 'local' on this process, or an executor plugin's."""

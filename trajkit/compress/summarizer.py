@@ -33,16 +33,10 @@ class SummaryCache:
             "CREATE TABLE IF NOT EXISTS summaries "
             "(key TEXT PRIMARY KEY, text TEXT NOT NULL, model TEXT NOT NULL, cost REAL NOT NULL)"
         )
-        self.hits = 0
-        self.misses = 0
 
     def get(self, key: str) -> tuple[str, str] | None:
         row = self.db.execute("SELECT text, model FROM summaries WHERE key = ?", (key,)).fetchone()
-        if row is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        return str(row[0]), str(row[1])
+        return None if row is None else (str(row[0]), str(row[1]))
 
     def put(self, key: str, text: str, model: str, cost: float) -> None:
         self.db.execute(

@@ -58,10 +58,6 @@ def protected_units(turns: list[Turn], spans: list[tuple[int, int]], keep_last: 
     return protected
 
 
-def is_summary(turn: Turn) -> bool:
-    return role(turn) == "human" and str(turn.get("value") or "").startswith(SUMMARY_PREFIX)
-
-
 def new_turn(like: Turn, from_: str, value: str) -> Turn:
     """A turn with the same keys as ``like``: every turn of a record keeps one schema for Arrow."""
     turn: Turn = {key: [] if isinstance(item, list) else None for key, item in like.items()}

@@ -31,7 +31,7 @@ class ServeSettings(BaseModel):
     """Port to listen on (0: any free one)."""
     server_key: SecretStr | None = Field(None, json_schema_extra={"cli": False})
     """The bearer key clients must send (--server_key_file, or $TRAJKIT_SERVER_KEY)."""
-    cors_origins: list[str] = Field([], json_schema_extra={"flag": "cors_origin", "repeat": True})
+    cors_origins: list[str] = Field([], json_schema_extra={"flag": "cors_origin"})
     """Exact ``scheme://host[:port]`` origins a browser page may call from; none: CORS off."""
     max_concurrent: int = Field(16, ge=1)
     """Chat completions in flight at once; more are answered 429 with ``Retry-After``."""
