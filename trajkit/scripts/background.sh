@@ -4,7 +4,10 @@
 #   prepare  make the directory and the FIFO that will be the process's standard input
 #   run      run __tk_command with stdin from the FIFO and stdout and stderr into `out`; exit with its
 #            status. A `sleep` holds the FIFO open for writing until `close`, so the process sees
-#            end of file only then; the group id is kept for `kill`.
+#            end of file only then: it inherits the FIFO already open (fd 3), so it holds it from the
+#            moment it exists, not from whenever its own open would have run (a `write` in between
+#            would otherwise be the only writer, and its end the process's end of file); the group
+#            id is kept for `kill`.
 #   read     print the size of `out` and its bytes from __tk_offset on: at most __tk_cap of them on
 #            stdout, or the first __tk_cap on stdout and the last __tk_cap on stderr when there are more
 #   started  succeed once `run` has started the process
@@ -24,7 +27,7 @@ run)
     fi
     echo "$group" >"$d/group"
     exec 3<>"$d/in"
-    sleep 2147483647 3<&- >"$d/in" &
+    sleep 2147483647 >&3 3<&- &
     echo $! >"$d/holder"
     exec 3<&-
     ( eval "$__tk_command" ) <"$d/in" >"$d/out" 2>&1
