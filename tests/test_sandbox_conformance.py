@@ -25,6 +25,7 @@ class LocalHarness:
     def __init__(self, root: Path, **options: str) -> None:
         self.options = {"root": str(root), **options}
         self.isolated = options.get("isolation") != "none"
+        self.own_init = self.isolated  # PID 1 is the session's own supervisor, as its user
         self.host_paths = (str(root),)
 
     def make_backend(self) -> SandboxBackend:
@@ -59,13 +60,3 @@ class TestBubblewrapConformance(SandboxConformance):
     def harness(self, sandbox_root: Path) -> LocalHarness:
         need_engine("bwrap", None if shutil.which("bwrap") else "bubblewrap is not installed")
         return LocalHarness(sandbox_root, isolation="bwrap")
-
-    @pytest.mark.xfail(
-        reason="PID 1 of a local sandbox is the session's own supervisor (the same unprivileged uid, "
-        "the sandbox's own clean environment), so the case's 'ptrace of PID 1' and 'read "
-        "/proc/1/environ', written for a container init owned by root, succeed without reaching "
-        "anything outside the sandbox; the case needs a per-backend notion of PID 1 (issue 23)",
-        strict=True,
-    )
-    def test_privileged_operations_are_refused(self, harness: LocalHarness) -> None:
-        super().test_privileged_operations_are_refused(harness)

@@ -13,6 +13,10 @@ host as it was; the cases check from outside that it did.
 Harness attributes read here (with getattr, so older harnesses keep working):
   isolated (default True) and unprivileged (default True): the cases run only when both hold. A
   backend that cannot drop privileges (Modal's SDK has no setting for it) says False and why.
+  own_init (default False): PID 1 of a sandbox is the sandbox's own process, run as the sandbox's
+  user with the sandbox's environment (the local sandbox's supervisor), not a container's init
+  owned by root: tracing it or reading its environment reaches nothing outside the sandbox, so
+  instead of refusing those, the case checks that PID 1 is indeed the sandbox user's own.
 """
 
 from __future__ import annotations
@@ -57,8 +61,6 @@ PRIVILEGED_ATTEMPTS = {
     "write to /proc/sys": 'f=/proc/sys/kernel/randomize_va_space; v=$(cat "$f") && echo "$v" > "$f"',
     "write to /sys": "f=/sys/kernel/mm/transparent_hugepage/enabled;"
     ' v=$(sed "s/.*\\[\\(.*\\)\\].*/\\1/" "$f") && [ -n "$v" ] && echo "$v" > "$f"',
-    "ptrace of PID 1": "exec 3< /proc/1/mem",
-    "read /proc/1/environ": "cat /proc/1/environ > /dev/null",
     "cgroup write": "while IFS=: read -r _ controllers path; do"
     " d=/sys/fs/cgroup${controllers:+/${controllers%%,*}}$path;"
     ' if echo $$ > "$d/cgroup.procs"; then exit 0; fi;'
@@ -68,10 +70,26 @@ PRIVILEGED_ATTEMPTS = {
 }
 """What a hostile model tries, as a shell command that succeeds only if the sandbox let it."""
 
-ATTEMPTS_SCRIPT = "\n".join(
-    f"if (sh -c {shlex.quote(command)}) >/dev/null 2>&1; then echo {shlex.quote(f'ALLOWED: {name}')}; fi"
-    for name, command in PRIVILEGED_ATTEMPTS.items()
-)
+PID_1_ATTEMPTS = {
+    "ptrace of PID 1": "exec 3< /proc/1/mem",
+    "read /proc/1/environ": "cat /proc/1/environ > /dev/null",
+}
+"""What a hostile model tries on a sandbox's PID 1, where that is a container's init owned by root."""
+
+PID_1_IS_OWN = 'if [ "$(awk \'/^Uid:/ {print $2}\' /proc/1/status)" != "$(id -u)" ]; then echo "ALLOWED: PID 1 is another user\'s"; fi'
+"""Where PID 1 is the sandbox's own process: it runs as the sandbox's user, so reaching it is no
+privilege."""
+
+
+def attempts_script(harness: object) -> str:
+    """The attempts for ``harness``'s sandboxes, each printing ``ALLOWED: what`` if it succeeded."""
+    own_init = getattr(harness, "own_init", False)
+    attempts = PRIVILEGED_ATTEMPTS if own_init else {**PRIVILEGED_ATTEMPTS, **PID_1_ATTEMPTS}
+    lines = [
+        f"if (sh -c {shlex.quote(command)}) >/dev/null 2>&1; then echo {shlex.quote(f'ALLOWED: {name}')}; fi"
+        for name, command in attempts.items()
+    ]
+    return "\n".join([*lines, PID_1_IS_OWN] if own_init else lines)
 
 
 def _privileged_cases(harness: object) -> None:
@@ -117,7 +135,7 @@ class PrivilegeConformance:
 
         async def body() -> None:
             async with self.unprivileged(harness) as sb:
-                result = await sb.exec(f"{ATTEMPTS_SCRIPT}\n{_runner_attempt()}", timeout=120)
+                result = await sb.exec(f"{attempts_script(harness)}\n{_runner_attempt()}", timeout=120)
                 assert "ALLOWED" not in result.stdout, result.stdout
                 assert result.exit_code == 0, result
 
