@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from trajkit.settings import StrictSettings
+from trajkit.settings import Configurable, StrictSettings
 
 if TYPE_CHECKING:
     from trajkit.config import RunConfig
@@ -130,7 +130,7 @@ class Driver(Attempts, Protocol):
         was spent at once. Call it as soon as the executor learns of an answer."""
 
 
-class Executor(ABC):
+class Executor(Configurable, ABC):
     """Runs the run's sessions somewhere and hands back what each attempt produced.
 
     The runner calls, in this order and on its event loop:
@@ -165,9 +165,6 @@ class Executor(ABC):
     Settings: ClassVar[type[StrictSettings]] = StrictSettings
     """The executor's settings (``--executor_option NAME.KEY=VALUE``, ``--NAME.KEY``, the
     configuration file's ``[executor_options.NAME]``); none by default."""
-
-    def __init__(self, settings: StrictSettings | Mapping[str, Any] | None = None) -> None:
-        self.settings = self.Settings.model_validate(settings if settings is not None else {})
 
     @abstractmethod
     async def start(self, plan: SessionPlan, host: PluginHost) -> None:

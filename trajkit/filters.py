@@ -6,13 +6,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from trajkit.settings import StrictSettings
+from trajkit.settings import Configurable, StrictSettings
 
 Record = Mapping[str, Any]
 """A trajectory record as stored in the ledger (one JSON object)."""
 
 
-class TrajectoryFilter(ABC):
+class TrajectoryFilter(Configurable, ABC):
     """Decides whether a trajectory belongs in the training set.
 
     A rejected trajectory counts as done (it is not regenerated) and is kept in the ledger; the
@@ -29,7 +29,7 @@ class TrajectoryFilter(ABC):
 
     def __init__(self, settings: StrictSettings | Mapping[str, Any] | None = None, **options: Any) -> None:
         """``settings`` (or keyword ``options``) are validated against :attr:`Settings`."""
-        self.settings = self.Settings.model_validate(settings if settings is not None else options)
+        super().__init__(settings if settings is not None else options)
 
     @abstractmethod
     def check(self, record: Record) -> str | None:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Annotated, ClassVar
 
 from pydantic import BeforeValidator
 
-from trajkit.settings import Metavar, StrictSettings
+from trajkit.settings import Configurable, Metavar, StrictSettings
 
 if TYPE_CHECKING:
     from trajkit.processes import SandboxProcess
@@ -215,7 +215,7 @@ class Sandbox(ABC):
         return process
 
 
-class SandboxBackend(ABC):
+class SandboxBackend(Configurable, ABC):
     """Creates sandboxes of one kind. One instance per run, made by the runner.
 
     ``name`` is how rows (``"backend": "docker"``) and flags (``--sandbox``) select it.
@@ -230,11 +230,6 @@ class SandboxBackend(ABC):
     Settings: ClassVar[type[StrictSettings]] = StrictSettings
     """The backend's settings (``--sandbox_option NAME.KEY=VALUE``, ``--NAME.KEY``, the
     configuration file's ``[sandbox_options.NAME]``); none by default."""
-
-    def __init__(self, settings: StrictSettings | Mapping[str, object] | None = None) -> None:
-        """``settings``: an instance of :attr:`Settings`, or a mapping validated against it
-        (a wrong key or value raises :class:`pydantic.ValidationError`)."""
-        self.settings = self.Settings.model_validate(settings if settings is not None else {})
 
     @classmethod
     def owns_image(cls, image: str) -> bool:

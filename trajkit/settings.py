@@ -9,7 +9,7 @@ import difflib
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -28,6 +28,18 @@ class StrictSettings(BaseModel):
 
 class OptionError(ValueError):
     """An option the plugin does not have, or a value it cannot take; the message names both."""
+
+
+class Configurable:
+    """A plugin class with settings of its own (:attr:`Settings`), validated when it is made: the
+    base of sandbox backends, filters, writers and executors."""
+
+    Settings: ClassVar[type[StrictSettings]] = StrictSettings
+
+    def __init__(self, settings: StrictSettings | Mapping[str, Any] | None = None) -> None:
+        """``settings``: an instance of :attr:`Settings`, or a mapping validated against it
+        (a wrong key or value raises :class:`pydantic.ValidationError`)."""
+        self.settings = self.Settings.model_validate(settings if settings is not None else {})
 
 
 def parse_pairs(pairs: tuple[str, ...] | list[str], flag: str) -> dict[str, Any]:

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from trajkit.filters import Record
-from trajkit.settings import StrictSettings
+from trajkit.settings import Configurable, StrictSettings
 
 
-class OutputWriter(ABC):
+class OutputWriter(Configurable, ABC):
     """Renders kept trajectories, in dataset order, into ``filename`` inside the run directory.
 
     The core hands the writer a temporary path and renames it into place once ``write`` returns,
@@ -30,9 +30,6 @@ class OutputWriter(ABC):
     renders_tools: ClassVar[bool] = False
     """Whether rows carry the schemas of the tools offered; such a writer is handed the run's
     saved schemas (:meth:`use_tool_schemas`) before :meth:`write`."""
-
-    def __init__(self, settings: StrictSettings | Mapping[str, Any] | None = None) -> None:
-        self.settings = self.Settings.model_validate(settings if settings is not None else {})
 
     def use_tool_schemas(self, saved: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
         """The run's saved tool schema sets (``tools.json``: key -> the schemas of one offer),
