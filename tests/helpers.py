@@ -54,3 +54,25 @@ def plugin_env(tmp_path: Path, name: str, source: str) -> dict[str, str]:
     site.mkdir()
     install_fake_distribution(site, f"trajkit-{name}", f"trajkit_{name}", source, name)
     return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+def build_tokenizer(
+    directory: Path, template: str, special: dict[str, str], extra_special: list[str] | None = None
+) -> None:
+    """A byte-level tokenizer (every text round-trips) with the model's template and special tokens
+    (``extra_special``: further special tokens, e.g. ChatML's ``<|im_start|>``), saved the way
+    transformers saves a model's tokenizer; nothing is downloaded."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokens = {**special, "pad_token": "<|pad|>"}
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, **tokens)
+    tokenizer.add_special_tokens(tokens)
+    if extra_special:
+        tokenizer.add_special_tokens({"additional_special_tokens": list(extra_special)})
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(str(directory))

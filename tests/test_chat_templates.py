@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import read_jsonl, trajkit, write_jsonl
+from tests.helpers import build_tokenizer, read_jsonl, trajkit, write_jsonl
 from tests.test_writers import ShapesPolicy
 from trajkit.plugins.scripted_model import split_task
 from trajkit.testing.openai_server import OpenAITestServer
@@ -122,22 +122,6 @@ def policy_for(shapes: ShapesPolicy) -> Callable[[dict[str, Any]], dict[str, Any
         return reply
 
     return policy
-
-
-def build_tokenizer(directory: Path, template: str, special: dict[str, str]) -> None:
-    """A byte-level tokenizer (every text round-trips) with the model's template and special tokens,
-    saved the way transformers saves a model's tokenizer; nothing is downloaded."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    tokens = {**special, "pad_token": "<|pad|>"}
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, **tokens)
-    tokenizer.add_special_tokens(tokens)
-    tokenizer.chat_template = template
-    tokenizer.save_pretrained(str(directory))
 
 
 @dataclass

@@ -242,6 +242,11 @@ def _plain_score(score: Any) -> bool:
     )
 
 
+def conversations_json(messages: list[Message]) -> list[dict[str, Any]]:
+    """A conversation's messages as the record's ShareGPT ``conversations`` turns."""
+    return _conversations_json(messages)[0]
+
+
 def _conversations_json(messages: list[Message]) -> tuple[list[dict[str, Any]], bool]:
     """The turns as JSON, and whether every value already had its JSON type."""
     plain = True

@@ -126,9 +126,13 @@ class Recorder:
         duration_s: float,
         backend: str,
         request_id: str,
+        *,
+        score: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         """Append one served session's record; ``schemas`` are the tools offered, the agent's
-        and the client's, saved once per distinct set in ``tools.json`` as a run's are."""
+        and the client's, saved once per distinct set in ``tools.json`` as a run's are;
+        ``score`` is the record's score, ``metadata`` fields added to its metadata."""
         identity = prompt_id(dumps_line(conversation).decode(), None, None, SERVED_BACKEND)
         occurrence = self.occurrences.get(identity, 0)
         self.occurrences[identity] = occurrence + 1
@@ -142,11 +146,12 @@ class Recorder:
                 "model": self.config.model,
                 "served": True,
                 "request_id": request_id,
+                **(metadata or {}),
             },
             toolsets_used=toolsets_used, toolsets_offered=toolsets,
             tools_offered=[schema["function"]["name"] for schema in schemas],
             tool_schemas_key=self._save_schemas(schemas), duration_s=round(duration_s, 3),
-            attempt=1, backend=backend, image=None, digest=None,
+            attempt=1, backend=backend, image=None, digest=None, score=score,
         )  # fmt: skip
         record = self.scrubber.scrub(record)
         if not self.ledger.append(record):

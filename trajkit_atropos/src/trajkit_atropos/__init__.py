@@ -1,0 +1,1 @@
+"""trajkit environments for Atropos (see ``docs/atropos.md``)."""
