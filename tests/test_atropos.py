@@ -326,7 +326,9 @@ def test_a_check_is_scored_in_the_rows_sandbox(
         client = _docker_client()
         row.update(image=PYTHON, cwd="/srv/app", check="grep -q made out.txt")
         settings["sandbox_options"] = {"docker": {"pull": "never"}}
-    else:
+    else:  # the check is a file of the dataset's, copied into the sandbox just before it runs
+        (tmp_path / "verify.sh").write_text("test -f out.txt\n")
+        row.update(check="sh verify.sh", check_files="verify.sh")
         settings["sandbox_options"] = {"local": {"root": str(sandbox_root)}}
     dataset = write_jsonl(tmp_path / "rows.jsonl", [row])
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajkit.agent import ConversationResult, run_conversation
+from trajkit.check_files import CheckFile
 from trajkit.configure import resolve
 from trajkit.dataset import DatasetRow
 from trajkit.execute import build_session, score_result
@@ -162,18 +163,32 @@ class Environment:
         return self.host.model_client(config.model).from_config(config)
 
     async def rollout(
-        self, row: Mapping[str, Any] | DatasetRow, policy: Policy | ModelClient, *, samples: int = 1
+        self,
+        row: Mapping[str, Any] | DatasetRow,
+        policy: Policy | ModelClient,
+        *,
+        samples: int = 1,
+        check_files: Sequence[CheckFile] = (),
     ) -> list[Rollout]:
         """``samples`` sessions of ``row`` against ``policy``, each in a fresh sandbox, scored;
-        in sample order. A failed session is a :class:`Rollout` with its ``error``."""
+        in sample order. A failed session is a :class:`Rollout` with its ``error``.
+        ``check_files``: the row's check files as a run resolves them
+        (:func:`trajkit.check_files.resolve`), put in the sandbox before the checks."""
         client = self.client(policy)
         try:
-            return list(await asyncio.gather(*(self._one(row, client, k) for k in range(samples))))
+            sessions = (self._one(row, client, k, check_files) for k in range(samples))
+            return list(await asyncio.gather(*sessions))
         finally:
             if client is not policy:
                 await client.aclose()
 
-    async def _one(self, row: Mapping[str, Any] | DatasetRow, client: ModelClient, sample: int) -> Rollout:
+    async def _one(
+        self,
+        row: Mapping[str, Any] | DatasetRow,
+        client: ModelClient,
+        sample: int,
+        check_files: Sequence[CheckFile] = (),
+    ) -> Rollout:
         fields = row_fields(row)
         async with self.limit:
             rollout = Rollout(fields, sample)
@@ -184,7 +199,7 @@ class Environment:
                     async with asyncio.timeout(self.config.prompt_timeout):
                         rollout.result = await run_conversation(session, fields["prompt"])
                         scored = await score_result(
-                            self.scorers, fields, rollout.result, sandbox, self.config
+                            self.scorers, fields, rollout.result, sandbox, self.config, check_files
                         )
                     rollout.score = Score.of(scored)
             except TimeoutError:

@@ -166,7 +166,8 @@ class TrajkitEnv(BaseEnv):
         assert self.environment is not None
         async with self.server.dedicated_server() as server:
             started = time.monotonic()
-            (rollout,) = await self.environment.rollout(item.row, self._client(server), samples=1)
+            client = self._client(server)
+            (rollout,) = await self.environment.rollout(item.row, client, check_files=item.check_files)
         rollout.sample = sample
         if self.recorder is not None and rollout.result is not None:
             self.recorder.record(rollout, item.group_id, time.monotonic() - started)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trajkit.check_files import CheckFile
 from trajkit.config import RunConfig
 from trajkit.dataset import WorkItem
 from trajkit.manager import PluginHost
@@ -26,6 +27,8 @@ class GroupItem:
     """The row's fields as the environment takes them (backend routed)."""
     work_id: str
     """The row's identity in the dataset (``prompt_id.occurrence``)."""
+    check_files: tuple[CheckFile, ...] = ()
+    """The row's ``check_files``, resolved against the dataset's directory."""
 
 
 class DatasetItems:
@@ -36,17 +39,17 @@ class DatasetItems:
         work = read_work(config.model_copy(update={"dataset_file": Path(dataset_file)}), host)
         self.items: list[WorkItem] = work.items
         self.rows = [_fields(item, work.routes[item.index]) for item in work.items]
+        """Each item's row fields, in the order of :attr:`items`."""
         self.namespace = namespace
 
     def __len__(self) -> int:
         return len(self.items)
 
     def at(self, position: int) -> GroupItem:
-        item = self.items[position % len(self.items)]
-        rounds = position // len(self.items)
-        return GroupItem(
-            position, group_id(self.namespace, item.work_id, rounds), self.rows[item.index], item.work_id
-        )
+        rounds, place = divmod(position, len(self.items))
+        item = self.items[place]
+        identity = group_id(self.namespace, item.work_id, rounds)
+        return GroupItem(position, identity, self.rows[place], item.work_id, item.row.check_files)
 
 
 def group_id(namespace: str, work_id: str, rounds: int) -> str:
