@@ -117,6 +117,7 @@ class Environment:
         self.scorers = [cls() for _, cls in sorted(self.host.scorers.items())]
         self.run_id = f"env-{uuid.uuid4().hex[:8]}"
         self.random = random.Random(seed)
+        self.concurrency = concurrency
         self.limit = asyncio.Semaphore(concurrency)
         self.tool_run = ToolRun(self.config)
         self.backends: dict[str, SandboxBackend] = {}
@@ -156,7 +157,13 @@ class Environment:
         """A model client for ``policy``, with this environment's model settings (retries, timeouts)."""
         if isinstance(policy, ModelClient):
             return policy
-        given = {**self.settings, "model": policy.model, "base_url": policy.base_url}
+        # the client's connection pool follows num_workers: sized for the sessions that run at once
+        given = {
+            "num_workers": self.concurrency,
+            **self.settings,
+            "model": policy.model,
+            "base_url": policy.base_url,
+        }
         if policy.api_key is not None:
             given["api_key"] = policy.api_key
         config = resolve(self.host, {"quiet": True, **given})
