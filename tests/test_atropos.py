@@ -39,19 +39,20 @@ NO_REASONING_FILTER = {"disabled_filters": ["no_reasoning"]}
 
 
 class AlternatingPolicy:
-    """A session's first call runs a command (``echo made > out.txt`` in even sessions, ``true``
-    in odd ones), its second answers: within a group run together, one passes and one fails."""
+    """A session's first call runs a command (``echo made > out.txt`` in the even sessions of a
+    prompt, ``true`` in the odd ones), its second answers: in a group of a prompt, half pass."""
 
     def __init__(self) -> None:
-        self.sessions = itertools.count()
+        self.sessions: dict[str, itertools.count[int]] = {}
         self.lock = threading.Lock()
 
     def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
         messages = body["messages"]
         if any(m["role"] == "tool" for m in messages):
             return {"role": "assistant", "content": "done"}
+        prompt = next(m["content"] for m in messages if m["role"] == "user")
         with self.lock:
-            number = next(self.sessions)
+            number = next(self.sessions.setdefault(prompt, itertools.count()))
         command = "echo made > out.txt" if number % 2 == 0 else "true"
         call = {
             "id": f"call_{number}",
@@ -266,7 +267,7 @@ def test_serve_registers_and_sends_groups_to_the_trajectory_api(
         command = env_command(
             "serve", dataset, qwen_tokenizer, server,
             "--env.rollout_server_url", trajectory_api, "--env.wandb_name", "trajkit-test",
-            "--env.total_steps", "1", "--env.ensure_scores_are_not_same", "False",
+            "--env.total_steps", "1", "--env.ensure_scores_are_not_same", "False", "--env.include_messages", "True",
             "--env.max_num_workers", "2", "--env.trajkit_settings", local_settings(sandbox_root),
         )  # fmt: skip
         environ = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
@@ -299,9 +300,12 @@ def test_serve_registers_and_sends_groups_to_the_trajectory_api(
         assert len(group["scores"]) == 2
         assert_masked_tokens(group)
         ids.add(group["group_overrides"]["group_id"])
+        prompt = group["messages"][0][1]["content"]
+        expected = [0.0, 1.0] if prompt == MIXED["prompt"] else [1.0, 1.0]
+        assert sorted(group["scores"]) == expected, (
+            "scored in each session's sandbox; equal scores kept as asked"
+        )
     assert len(ids) == 2
-    scores = sorted(tuple(sorted(group["scores"])) for group in batch)
-    assert scores == [(0.0, 1.0), (1.0, 1.0)], "the mixed row and the all-pass row, kept as asked"
     assert all(p.name.startswith(".") for p in sandbox_root.iterdir()), "a sandbox outlived the environment"
 
 
@@ -364,3 +368,48 @@ def test_a_check_is_scored_in_the_rows_sandbox(
         assert left == [], "a container outlived its rollout"
     else:
         assert all(p.name.startswith(".") for p in sandbox_root.iterdir())
+
+
+# -- counted once ------------------------------------------------------------------------------------
+
+
+def test_a_restarted_environment_gives_the_same_ids_and_skips_recorded_groups(
+    sandbox_root: Path, qwen_tokenizer: Path, tmp_path: Path
+) -> None:
+    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+    from trajkit_atropos.config import TrajkitEnvConfig
+    from trajkit_atropos.env import TrajkitEnv
+
+    dataset = write_jsonl(tmp_path / "rows.jsonl", [MIXED, {**MIXED, "prompt": "Make out.txt, please"}])
+    record_dir = tmp_path / "rollouts"
+
+    async def one_group(server: OpenAITestServer, record: bool) -> tuple[str, str, Any]:
+        config = TrajkitEnvConfig(
+            dataset_file=str(dataset), tokenizer_name=str(qwen_tokenizer), use_wandb=False, group_size=2,
+            toolsets="terminal", trajkit_settings=local_settings(sandbox_root),
+            record_dir=str(record_dir) if record else None,
+        )  # fmt: skip
+        env = TrajkitEnv(
+            config, [APIServerConfig(base_url=server.base_url, model_name="policy", api_key="k")]
+        )
+        await env.setup()
+        try:
+            item = await env.get_next_item()
+            group, _ = await env.collect_trajectories(item)
+            return item.group_id, item.row["prompt"], group
+        finally:
+            await env.teardown()
+
+    with OpenAITestServer(AlternatingPolicy()) as server:
+        first, first_prompt, _ = asyncio.run(one_group(server, record=True))
+        again, again_prompt, _ = asyncio.run(one_group(server, record=False))
+        resumed, resumed_prompt, group = asyncio.run(one_group(server, record=True))
+    assert (again, again_prompt) == (first, MIXED["prompt"]), (
+        "the same group has the same id in a new process"
+    )
+    assert resumed_prompt != first_prompt and resumed != first, (
+        "a group recorded before is not rolled out again"
+    )
+    assert group is not None and len(group["tokens"]) == 2
+    records = read_jsonl(record_dir / "trajectories.jsonl")
+    assert sorted(r["metadata"]["group_id"] for r in records) == sorted([first, first, resumed, resumed])
