@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from bench import (
+    atropos,
     chat_templates,
     cold_start,
     compare_scale,
@@ -31,6 +32,7 @@ BENCHMARKS = {
     "chat_templates": chat_templates.main,
     "compare_scale": compare_scale.main,
     "file_tools": file_tools.main,
+    "atropos": atropos.main,
 }
 
 

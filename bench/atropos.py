@@ -10,8 +10,9 @@ Qwen2.5 chat template), with as many groups at once as make ``--concurrency`` se
 ``--waves`` times over. The policy is the load server (``trajkit.testing.openai_server``) in its
 own process with ``--latency`` seconds per answer and ``--tool-calls`` calls of the no-op tool
 before it answers. A step is one model turn of a session (the model's reply and the tool calls it
-makes); CPU is this process's (all its threads) over the measured span; the sandboxes' own
-processes (the check's shell) are counted apart.
+makes); CPU is this process's (all its threads) over the measured span, with the part spent
+rendering and tokenizing groups, and how long its threads were runnable but waiting for a CPU
+(``/proc/PID/schedstat``); the sandboxes' own processes (the check's shell) are counted apart.
 """
 
 from __future__ import annotations
@@ -27,7 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, LoadServer, install_noop_plugin, machine, raise_fd_limit, save_json, table
+from bench.common import (
+    REPO,
+    LoadServer,
+    install_noop_plugin,
+    machine,
+    raise_fd_limit,
+    save_json,
+    schedstat,
+    table,
+)
 
 TEMPLATE = REPO / "tests" / "data" / "chat_templates" / "qwen2.5.jinja"
 
@@ -65,6 +75,19 @@ async def measure(work: Path, base_url: str, concurrency: int, group_size: int, 
     )
     env = TrajkitEnv(config, [server])
     await env.setup()
+    assert env.renderer is not None
+    tokenizing = 0.0
+    tokenize = env.renderer.tokenize
+
+    def timed_tokenize(*args: Any) -> Any:
+        nonlocal tokenizing
+        started = time.thread_time()
+        try:
+            return tokenize(*args)
+        finally:
+            tokenizing += time.thread_time() - started
+
+    env.renderer.tokenize = timed_tokenize  # type: ignore[method-assign]
     limit = asyncio.Semaphore(groups_at_once)
 
     async def one_group() -> bool:
@@ -75,9 +98,11 @@ async def measure(work: Path, base_url: str, concurrency: int, group_size: int, 
 
     try:
         cpu, children, wall = time.process_time(), children_cpu(), time.monotonic()
+        waited = schedstat(os.getpid())[1]
         done = await asyncio.gather(*(one_group() for _ in range(groups)))
         wall = time.monotonic() - wall
         cpu = time.process_time() - cpu
+        waited = schedstat(os.getpid())[1] - waited
     finally:
         await env.teardown()
     children = children_cpu() - children
@@ -91,6 +116,8 @@ async def measure(work: Path, base_url: str, concurrency: int, group_size: int, 
         "rollouts_per_s": round(rollouts / wall, 2),
         "cpu_s": round(cpu, 2),
         "sandbox_children_cpu_s": round(children, 2),
+        "tokenize_ms_per_rollout": round(tokenizing * 1000 / max(1, rollouts), 2),
+        "waited_for_cpu_s": round(waited, 2),
     }
 
 
@@ -137,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     columns = {
         "concurrency": "in flight", "rollouts": "rollouts", "wall_s": "wall s", "rollouts_per_s": "rollouts/s",
         "ideal_rollouts_per_s": "ideal/s", "cpu_ms_per_step": "CPU ms/step", "cpu_ms_per_rollout": "CPU ms/rollout",
+        "tokenize_ms_per_rollout": "of which tokenizing", "waited_for_cpu_s": "waited for a CPU s",
         "sandbox_children_cpu_s": "sandbox CPU s", "server_cpu_s": "server CPU s", "load_avg_1m": "load 1m",
     }  # fmt: skip
     print(table([[row[key] for key in columns] for row in results], list(columns.values())))
