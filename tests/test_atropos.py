@@ -99,6 +99,22 @@ def local_settings(root: Path, **more: Any) -> str:
     return json.dumps({"sandbox_options": {"local": {"root": str(root)}}, **NO_REASONING_FILTER, **more})
 
 
+def in_process_env(server: OpenAITestServer, dataset: Path, tokenizer: Path, **settings: Any) -> Any:
+    """The environment in this process, as Atropos's commands build it, against ``server``."""
+    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+    from trajkit_atropos.config import TrajkitEnvConfig
+    from trajkit_atropos.env import TrajkitEnv
+
+    config = TrajkitEnvConfig(
+        dataset_file=str(dataset),
+        tokenizer_name=str(tokenizer),
+        use_wandb=False,
+        toolsets="terminal",
+        **settings,
+    )
+    return TrajkitEnv(config, [APIServerConfig(base_url=server.base_url, model_name="policy", api_key="k")])
+
+
 def assert_masked_tokens(group: dict[str, Any]) -> None:
     for tokens, masks in zip(group["tokens"], group["masks"], strict=True):
         assert len(tokens) == len(masks)
@@ -316,10 +332,6 @@ def test_serve_registers_and_sends_groups_to_the_trajectory_api(
 def test_a_check_is_scored_in_the_rows_sandbox(
     backend: str, sandbox_root: Path, qwen_tokenizer: Path, tmp_path: Path
 ) -> None:
-    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-    from trajkit_atropos.config import TrajkitEnvConfig
-    from trajkit_atropos.env import TrajkitEnv
-
     row = dict(MIXED)
     settings: dict[str, Any] = dict(NO_REASONING_FILTER)
     if backend == "docker":
@@ -337,12 +349,14 @@ def test_a_check_is_scored_in_the_rows_sandbox(
     dataset = write_jsonl(tmp_path / "rows.jsonl", [row])
 
     async def main(server: OpenAITestServer) -> tuple[Any, str]:
-        config = TrajkitEnvConfig(
-            dataset_file=str(dataset), tokenizer_name=str(qwen_tokenizer), use_wandb=False, group_size=4,
-            toolsets="terminal", trajkit_settings=json.dumps(settings), include_messages=True,
-        )  # fmt: skip
-        servers = [APIServerConfig(base_url=server.base_url, model_name="policy", api_key="k")]
-        env = TrajkitEnv(config, servers)
+        env = in_process_env(
+            server,
+            dataset,
+            qwen_tokenizer,
+            group_size=4,
+            trajkit_settings=json.dumps(settings),
+            include_messages=True,
+        )
         await env.setup()
         try:
             item = await env.get_next_item()
@@ -376,22 +390,14 @@ def test_a_check_is_scored_in_the_rows_sandbox(
 def test_a_restarted_environment_gives_the_same_ids_and_skips_recorded_groups(
     sandbox_root: Path, qwen_tokenizer: Path, tmp_path: Path
 ) -> None:
-    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-    from trajkit_atropos.config import TrajkitEnvConfig
-    from trajkit_atropos.env import TrajkitEnv
-
     dataset = write_jsonl(tmp_path / "rows.jsonl", [MIXED, {**MIXED, "prompt": "Make out.txt, please"}])
     record_dir = tmp_path / "rollouts"
 
     async def one_group(server: OpenAITestServer, record: bool) -> tuple[str, str, Any]:
-        config = TrajkitEnvConfig(
-            dataset_file=str(dataset), tokenizer_name=str(qwen_tokenizer), use_wandb=False, group_size=2,
-            toolsets="terminal", trajkit_settings=local_settings(sandbox_root),
+        env = in_process_env(
+            server, dataset, qwen_tokenizer, group_size=2, trajkit_settings=local_settings(sandbox_root),
             record_dir=str(record_dir) if record else None,
         )  # fmt: skip
-        env = TrajkitEnv(
-            config, [APIServerConfig(base_url=server.base_url, model_name="policy", api_key="k")]
-        )
         await env.setup()
         try:
             item = await env.get_next_item()
