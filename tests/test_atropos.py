@@ -219,6 +219,8 @@ def test_process_writes_scored_groups_and_records_the_rollouts(
         by_group.setdefault(record["metadata"]["group_id"], []).append(record)
     assert sorted(r["score"]["value"] for r in by_group[group_id]) == [0.0, 1.0]
     assert {r["metadata"]["source"] for r in by_group[group_id]} == {"unit"}
+    invocation = json.loads((run_dir / "run.json").read_text())["invocations"][-1]
+    assert invocation["model_client"]["requests"] == 8, "4 sessions of two model calls, in the run's accounts"
     status = trajkit("status", str(run_dir))
     assert status.returncode == 0 and re.search(r"done\s+4", status.stdout), status.stdout + status.stderr
     exported = trajkit("export", str(run_dir), "--format", "openai", "--out", str(tmp_path / "out.jsonl"))

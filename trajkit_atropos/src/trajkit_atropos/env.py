@@ -88,7 +88,7 @@ class TrajkitEnv(BaseEnv):
         if self.config.record_dir:
             model = self.server.servers[0].config.model_name if self.server.servers else "policy"
             self.recorder = RolloutRecorder(self.environment, Path(self.config.record_dir), model)
-            self.recorder.open()
+            self.recorder.open(self.client_statistics)
             self.done |= self.recorder.recorded_groups(self.config.group_size)
         await self.environment.open()
         log.info(
@@ -113,12 +113,12 @@ class TrajkitEnv(BaseEnv):
     async def teardown(self) -> None:
         """Close the model clients, the run directory and every sandbox left."""
         try:
+            if self.recorder is not None:  # first: its last entry in run.json reads the clients' counters
+                await self.recorder.close()
+                self.recorder = None
             for client in self.clients.values():
                 await client.aclose()
             self.clients.clear()
-            if self.recorder is not None:
-                await self.recorder.close()
-                self.recorder = None
         finally:
             if self.environment is not None:
                 await self.environment.close()
@@ -181,6 +181,15 @@ class TrajkitEnv(BaseEnv):
             policy = Policy(base_url=config.base_url, model=config.model_name, api_key=config.api_key or None)
             self.clients[id(server)] = self.environment.client(policy)
         return self.clients[id(server)]
+
+    def client_statistics(self) -> dict[str, Any]:
+        """The model clients' counters (requests, tokens, cost...), summed over the servers."""
+        total: dict[str, Any] = {}
+        for client in self.clients.values():
+            for key, value in client.statistics().items():
+                if isinstance(value, int | float):
+                    total[key] = total.get(key, 0) + value
+        return total
 
     def _group(self, item: GroupItem, rollouts: list[Rollout]) -> ScoredDataGroup | None:
         assert self.renderer is not None

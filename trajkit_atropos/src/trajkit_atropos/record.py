@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trajkit.environment import Environment, Rollout
 from trajkit.ledger import records
@@ -38,9 +40,10 @@ class RolloutRecorder:
             MERGE_INTERVAL,
         )
 
-    def open(self) -> None:
-        """Hold the run directory (on the event loop that records)."""
-        self.recorder.open(self.env.host, dict)
+    def open(self, client_statistics: Callable[[], dict[str, Any]]) -> None:
+        """Hold the run directory (on the event loop that records); ``client_statistics`` gives
+        the model clients' counters for ``run.json``."""
+        self.recorder.open(self.env.host, client_statistics)
 
     def recorded_groups(self, group_size: int) -> set[str]:
         """The ids of the groups whose every rollout the run directory holds already."""
