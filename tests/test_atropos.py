@@ -228,6 +228,23 @@ def test_process_writes_scored_groups_and_records_the_rollouts(
     assert len(read_jsonl(tmp_path / "out.jsonl")) == 4
 
 
+def test_process_stops_with_the_reason_when_every_group_fails(
+    tmp_path: Path, sandbox_root: Path, qwen_tokenizer: Path
+) -> None:
+    dataset = write_jsonl(tmp_path / "rows.jsonl", [MIXED, SAME])
+    with OpenAITestServer(AlternatingPolicy(), api_key="the-right-key") as server:
+        command = env_command(
+            "process", dataset, qwen_tokenizer, server,
+            "--env.total_steps", "20", "--env.data_path_to_save_groups", str(tmp_path / "groups.jsonl"),
+            "--env.trajkit_settings", local_settings(sandbox_root),
+        )  # fmt: skip
+        finished = run_env(command)
+    assert finished.returncode == 2 and "Traceback" not in finished.stderr, finished.stderr[-3000:]
+    assert "error: 8 groups in a row failed" in finished.stderr
+    assert "2 of 2 sessions failed" in finished.stderr and "401" in finished.stderr
+    assert all(p.name.startswith(".") for p in sandbox_root.iterdir()), "a sandbox outlived the environment"
+
+
 # -- serve: registered with Atropos's API, groups read back from /batch -------------------------------
 
 
@@ -421,3 +438,25 @@ def test_a_restarted_environment_gives_the_same_ids_and_skips_recorded_groups(
     assert group is not None and len(group["tokens"]) == 2
     records = read_jsonl(record_dir / "trajectories.jsonl")
     assert sorted(r["metadata"]["group_id"] for r in records) == sorted([first, first, resumed, resumed])
+
+
+def test_rows_without_a_check_or_answer_are_refused_with_their_lines(
+    qwen_tokenizer: Path, tmp_path: Path
+) -> None:
+    from trajkit_atropos.config import TrajkitEnvError
+
+    dataset = write_jsonl(tmp_path / "rows.jsonl", [MIXED, {"prompt": "Say something"}])
+
+    async def main(server: OpenAITestServer) -> None:
+        env = in_process_env(server, dataset, qwen_tokenizer)
+        try:
+            await env.setup()
+        finally:
+            await env.teardown()
+
+    with (
+        OpenAITestServer(AlternatingPolicy()) as server,
+        pytest.raises(TrajkitEnvError, match=r"rows\.jsonl: .*line 2"),
+    ):
+        asyncio.run(main(server))
+    assert server.count == 0, "nothing paid for before the dataset is checked"

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import sys
+
 
 def main() -> None:
+    from trajkit.config import ConfigFileError
+    from trajkit.configure import ConfigurationError
+    from trajkit.dataset import DatasetError
+    from trajkit.manager import PluginError
+    from trajkit.offer import OfferError
+    from trajkit.plan import RunError
+    from trajkit.plugins.chat_templates.source import TemplateSourceError
+    from trajkit.rundir import RunIOError, RunLocked
+    from trajkit_atropos.config import TrajkitEnvError
     from trajkit_atropos.env import TrajkitEnv
+    from trajkit_atropos.tokens import RenderingError
 
-    TrajkitEnv.cli()
+    try:
+        TrajkitEnv.cli()
+    except (
+        TrajkitEnvError, ConfigFileError, ConfigurationError, DatasetError, PluginError, OfferError,
+        RunError, TemplateSourceError, RunIOError, RunLocked, RenderingError,
+    ) as exc:  # fmt: skip
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@ from pydantic import Field
 from trajkit.config import read_config_file
 
 
+class TrajkitEnvError(Exception):
+    """The environment cannot go on: a bad setting or dataset, or every group failing; the
+    message says what and where."""
+
+
 class TrajkitEnvConfig(BaseEnvConfig):
     """Atropos's environment settings and trajkit's."""
 
@@ -57,9 +62,9 @@ def trajkit_settings(config: TrajkitEnvConfig) -> dict[str, Any]:
         try:
             given = json.loads(config.trajkit_settings)
         except ValueError as exc:
-            raise ValueError(f"--env.trajkit_settings: not JSON ({exc})") from None
+            raise TrajkitEnvError(f"--env.trajkit_settings: not JSON ({exc})") from None
         if not isinstance(given, dict):
-            raise ValueError("--env.trajkit_settings: expected a JSON object of settings")
+            raise TrajkitEnvError("--env.trajkit_settings: expected a JSON object of settings")
         settings.update(given)
     if config.toolsets:
         settings["toolsets"] = [name.strip() for name in config.toolsets.split(",") if name.strip()]
@@ -69,7 +74,7 @@ def trajkit_settings(config: TrajkitEnvConfig) -> dict[str, Any]:
             settings[key] = value
     for key in ("dataset_file", "run_name", "output_dir", "model", "base_url", "api_key"):
         if key in settings:
-            raise ValueError(
+            raise TrajkitEnvError(
                 f"trajkit setting {key!r} is not taken here: the dataset is --env.dataset_file, the "
                 "policy --openai.*, the run directory --env.record_dir"
             )

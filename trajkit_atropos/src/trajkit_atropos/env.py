@@ -20,7 +20,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 
 from trajkit.environment import Environment, Policy, Rollout
 from trajkit.model import ModelClient
-from trajkit_atropos.config import TrajkitEnvConfig, trajkit_settings
+from trajkit_atropos.config import TrajkitEnvConfig, TrajkitEnvError, trajkit_settings
 from trajkit_atropos.items import DatasetItems, GroupItem
 from trajkit_atropos.record import RolloutRecorder
 from trajkit_atropos.tokens import Renderer, RenderingError, Tokenized, policy_template
@@ -63,7 +63,9 @@ class TrajkitEnv(BaseEnv):
     async def setup(self) -> None:
         """Resolve the trajkit settings, read the dataset, fit the chat template, open the run directory."""
         if not self.config.dataset_file:
-            raise ValueError("--env.dataset_file is required: the trajkit dataset whose rows are the items")
+            raise TrajkitEnvError(
+                "--env.dataset_file is required: the trajkit dataset whose rows are the items"
+            )
         self.environment = Environment(
             concurrency=self.config.concurrency, seed=self.config.seed, **trajkit_settings(self.config)
         )
@@ -80,7 +82,7 @@ class TrajkitEnv(BaseEnv):
         ]
         if unscored:
             lines = ", ".join(map(str, unscored[:10]))
-            raise ValueError(
+            raise TrajkitEnvError(
                 f"{self.config.dataset_file}: rows without a check or an answer cannot be scored "
                 f"(line {lines}{', ...' if len(unscored) > 10 else ''})"
             )
@@ -212,5 +214,5 @@ class TrajkitEnv(BaseEnv):
         self.failed_in_a_row += 1
         log.warning("group %s (row %s) left out: %s", item.group_id, item.work_id, reason)
         if self.failed_in_a_row >= FAILED_GROUPS_IN_A_ROW:
-            raise RuntimeError(f"{self.failed_in_a_row} groups in a row failed; the last: {reason}")
+            raise TrajkitEnvError(f"{self.failed_in_a_row} groups in a row failed; the last: {reason}")
         return None, []
