@@ -154,13 +154,13 @@ class TrajkitEnv(BaseEnv):
         finally:
             self.running.discard(item.group_id)
         self.done.add(item.group_id)
+        failures = [r.error or "no score" for r in rollouts if r.error is not None or r.score is None]
+        if failures:
+            return self._failed(item, f"{len(failures)} of {len(rollouts)} sessions failed: {failures[0]}")
         try:
             group = self._group(item, rollouts)
         except RenderingError as exc:
             return self._failed(item, f"cannot be tokenized: {exc}")
-        failures = [r.error or "no score" for r in rollouts if r.error is not None or r.score is None]
-        if failures:
-            return self._failed(item, f"{len(failures)} of {len(rollouts)} sessions failed: {failures[0]}")
         self.failed_in_a_row = 0
         return group, []
 
@@ -193,10 +193,9 @@ class TrajkitEnv(BaseEnv):
                     total[key] = total.get(key, 0) + value
         return total
 
-    def _group(self, item: GroupItem, rollouts: list[Rollout]) -> ScoredDataGroup | None:
+    def _group(self, item: GroupItem, rollouts: list[Rollout]) -> ScoredDataGroup:
+        """The scored rollouts of a group as Atropos takes them."""
         assert self.renderer is not None
-        if any(r.error is not None or r.score is None for r in rollouts):
-            return None
         tokenized: list[Tokenized] = [self.renderer.tokenize(r.messages, r.tools) for r in rollouts]
         return ScoredDataGroup(
             tokens=[t.tokens for t in tokenized],
