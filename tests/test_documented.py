@@ -86,14 +86,17 @@ def vocabularies() -> list[Vocabulary]:
 
 def exercised(key: str, flag: str, tests: list[Vocabulary]) -> bool:
     """A core or model client setting by its name or its flag's; a plugin's by ``NAME.KEY`` (its
-    flag or a ``--sandbox_option`` pair), or by its key in a module that names the plugin."""
+    flag or a ``--sandbox_option`` pair), or by its key in a module that names the plugin; an
+    entry of a plugin's table by its key in a module that names the table."""
     parts = key.split(".")
     if len(parts) == 1:
         spelled = {key, *(f.removeprefix("--").replace("-", "_") for f in flag.split(" / ") if f)}
         return any(spelled & test.names for test in tests)
     if len(parts) == 2:  # a core table: [compress] max_tokens = ..., --compress.max_tokens
         return any(key in test.names or (parts[1] in test.names and parts[0] in test.names) for test in tests)
-    _, plugin, setting = parts
+    table, plugin, setting = parts
+    if plugin == "NAME":  # an entry of a plugin's table: [mcp_servers.NAME] command = ...
+        return any(setting in test.names and table in test.names for test in tests)
     dotted = f"{plugin}.{setting}"
     return any(
         dotted in test.names or (setting in test.names and plugin in test.words | test.names)

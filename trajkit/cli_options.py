@@ -387,6 +387,9 @@ def every_setting(host: PluginHost) -> Iterable[Setting]:
                 target = (key,) if concern.flat else (concern.section, name, key)
                 flag = plugin_flag(concern, name, key, field)
                 yield setting(f"{concern.title} {name!r}", ".".join(target), field, target, flag)
+    for name, table in sorted(host.config_tables.items()):
+        for key, field in documented(table.entry).model_fields.items():
+            yield Setting(f"{table.title} ([{name}.NAME], file only)", f"{name}.NAME.{key}", "", "", field)
 
 
 def settings_page(host: PluginHost) -> str:

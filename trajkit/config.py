@@ -198,6 +198,9 @@ class RunConfig(BaseModel):
     [0, 1] per toolset: 0.9 offers it to 90% of prompts)."""
     routes: list[Route] = []
     """Rules choosing the backend of rows that name none, tried in order before the defaults."""
+    tables: dict[str, dict[str, Any]] = Field({}, json_schema_extra=flag(cli=False))
+    """Tables of named entries that plugins declare, given at the top level of the configuration
+    file ([mcp_servers.NAME]); table -> entry name -> its validated settings."""
 
     @field_validator("prefill_messages")
     @classmethod

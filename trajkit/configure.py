@@ -87,11 +87,13 @@ def resolve(host: PluginHost, given: Mapping[str, Any], places: Mapping[str, str
                 return ".".join([found, *parts[end:]])
         return _flag_of(key)
 
+    problems: list[str] = []
+    given, tables = _plugin_tables(host, given, place, problems)
     core = {k: v for k, v in given.items() if k in RunConfig.model_fields}
     loose = {k: v for k, v in given.items() if k not in RunConfig.model_fields}
     sections = {c.section: _given_sections(core.pop(c.section, None) or {}) for c in CONCERNS}
     model = str(core.get("model") or RunConfig.model_fields["model"].default)
-    problems = _spread_flat_settings(host, loose, sections["model_options"], places, place)
+    problems += _spread_flat_settings(host, loose, sections["model_options"], places, place)
     resolved: dict[str, dict[str, BaseModel]] = {}
     for concern in CONCERNS:
         resolved[concern.section] = _validate_sections(
@@ -111,12 +113,56 @@ def resolve(host: PluginHost, given: Mapping[str, Any], places: Mapping[str, str
         except OptionError as exc:
             problems.append(str(exc))
     try:
-        config = RunConfig(**core, **resolved)
+        config = RunConfig(**core, **resolved, tables=tables)
     except ValidationError as exc:
         problems.append(describe_errors(exc, place, RunConfig, core))
     if problems:
         raise ConfigurationError("; ".join(problems))
+    from trajkit.tools import ToolsetError
+
+    try:
+        host.configure_toolsets(config)
+    except ToolsetError as exc:
+        raise ConfigurationError(str(exc)) from None
     return config
+
+
+def _plugin_tables(
+    host: PluginHost, given: Mapping[str, Any], place: Any, problems: list[str]
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``given`` without the tables plugins declare (``trajkit_config_tables``), and those
+    tables with each entry validated by the table's model."""
+    declared = host.config_tables
+    clashes = sorted(set(declared) & set(RunConfig.model_fields))
+    if clashes:
+        problems.append(f"configuration tables {clashes} are named as core settings")
+    rest = {k: v for k, v in given.items() if k != "tables" and (k not in declared or k in clashes)}
+    nested = given.get("tables") or {}  # a configuration resolved before, given back
+    for name in sorted(set(nested) - set(declared)):
+        problems.append(f"{place('tables.' + name)}: no installed plugin reads a table [{name}]")
+    tables: dict[str, dict[str, Any]] = {}
+    for name, table in declared.items():
+        entries = given.get(name, nested.get(name))
+        if name in clashes or entries is None:
+            continue
+        if not isinstance(entries, Mapping):
+            problems.append(f"{place(name)}: expected a table of named entries ([{name}.NAME])")
+            continue
+        validated = {}
+        for entry, data in entries.items():
+            if isinstance(data, BaseModel):
+                data = data.model_dump(exclude_unset=True)
+            try:
+                validated[str(entry)] = build_settings(
+                    table.entry,
+                    data if isinstance(data, Mapping) else {},
+                    f"{table.title} {entry!r}",
+                    functools.partial(_section_place, place, f"{name}.{entry}"),
+                )
+            except OptionError as exc:
+                problems.append(str(exc))
+        tables[name] = validated
+    return rest, tables
 
 
 def _given_sections(sections: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -21,6 +21,7 @@ import pluggy
 
 if TYPE_CHECKING:
     import click
+    from pydantic import BaseModel
 
     from trajkit.compress.base import Compressor, TokenCounter
     from trajkit.config import RunConfig
@@ -53,6 +54,19 @@ class PackageHint:
     @property
     def command(self) -> str:
         return self.install or f"pip install {self.package}"
+
+
+@dataclass(frozen=True)
+class ConfigTable:
+    """A top-level table of named entries that a plugin reads from the configuration file
+    (:func:`trajkit_config_tables`): ``[mcp_servers.NAME]``."""
+
+    name: str
+    """The table's key in the configuration file (``mcp_servers``)."""
+    entry: type[BaseModel]
+    """The pydantic model each entry is validated against; errors name the file and key."""
+    title: str
+    """How errors name one entry (``MCP server``)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,37 @@ def trajkit_toolsets() -> Sequence[Toolset]:
 
     :return: :class:`trajkit.tools.Toolset` objects; toolset names and tool names must be unique
         across all plugins.
+    """
+
+
+@hookspec
+def trajkit_config_tables() -> Sequence[ConfigTable]:
+    """Declare top-level tables of named entries in a run's configuration file.
+
+    Called once, when a command first resolves a run's configuration. Each entry of a declared
+    table (``[mcp_servers.git]``) is validated against the table's model and kept in
+    :attr:`trajkit.config.RunConfig.tables` (``config.tables["mcp_servers"]["git"]``), and saved
+    with the run's settings.
+
+    :return: :class:`ConfigTable` objects with unique names. All implementations' results are
+        collected; two tables of the same name, or one named as a core setting, are an error.
+    """
+
+
+@hookspec
+def trajkit_configured_toolsets(config: RunConfig) -> Sequence[Toolset]:
+    """Build toolsets from a run's configuration (one per configured server, say).
+
+    Called once per resolved configuration (:func:`trajkit.configure.resolve`), after its
+    values are validated and before the run plans its draws, in the process that resolves it.
+    Unlike :func:`trajkit_toolsets` it may take time: it is where a toolset learns its tools by
+    asking for them (an MCP server's ``tools/list``), within a bounded timeout.
+
+    :param config: the run's validated configuration (its plugin tables in ``config.tables``).
+    :return: :class:`trajkit.tools.Toolset` objects, added to those the run may draw and name;
+        their names and tool names must be unique among all toolsets. All implementations'
+        results are collected. Raise :class:`trajkit.tools.ToolsetError` to stop the run before
+        anything is written, with a message that names no secret.
     """
 
 

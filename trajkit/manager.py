@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import click
 
     from trajkit.compress.base import Compressor, TokenCounter
+    from trajkit.config import RunConfig
     from trajkit.distributions import Distribution
     from trajkit.executor import Executor
     from trajkit.filters import Record, TrajectoryFilter
@@ -49,6 +50,7 @@ DEFAULT_PLUGINS = (
     "trajkit.plugins.search_providers",
     "trajkit.plugins.vision",
     "trajkit.plugins.image_gen",
+    "trajkit.plugins.mcp",
     "trajkit.plugins.distributions",
     "trajkit.plugins.filters",
     "trajkit.plugins.scorers",
@@ -89,6 +91,8 @@ class PluginHost:
     load_errors: list[PluginLoadError] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
     """Plugin name -> "distribution version" (or "built-in")."""
+    _configured: list[str] = field(default_factory=list)
+    """Toolsets the last :meth:`configure_toolsets` added."""
 
     # -- registries -----------------------------------------------------------------------------
 
@@ -111,6 +115,33 @@ class PluginHost:
     @cached_property
     def tools(self) -> dict[str, Tool]:
         return {tool.name: tool for toolset in self.toolsets.values() for tool in toolset.tools}
+
+    @cached_property
+    def config_tables(self) -> dict[str, hookspecs.ConfigTable]:
+        return self._registry("trajkit_config_tables", "configuration table", lambda t: t.name)
+
+    def configure_toolsets(self, config: RunConfig) -> None:
+        """Add the toolsets plugins build from ``config`` (``trajkit_configured_toolsets``) to
+        :attr:`toolsets`, in place of those an earlier configuration added."""
+        registered = self.toolsets
+        for name in self._configured:
+            registered.pop(name, None)
+        self.__dict__.pop("tools", None)
+        caller = self.pm.hook.trajkit_configured_toolsets
+        added = [
+            (impl.plugin_name, toolset)
+            for impl in caller.get_hookimpls()
+            for result in self.pm.subset_hook_caller(
+                "trajkit_configured_toolsets",
+                remove_plugins=[p for p in self.pm.get_plugins() if p is not impl.plugin],
+            )(config=config)
+            for toolset in result or ()
+        ]
+        sources = [*self._collect("trajkit_toolsets"), *added]
+        self._unique(((toolset.name, source) for source, toolset in sources), "toolset")
+        self._unique(((t.name, ts.name) for _, ts in sources for t in ts.tools), "tool")
+        self._configured = [toolset.name for _, toolset in added]
+        registered.update((toolset.name, toolset) for _, toolset in added)
 
     @cached_property
     def distributions(self) -> dict[str, Distribution]:
@@ -284,6 +315,7 @@ _REGISTRATION_HOOKS = (
     "trajkit_compressors",
     "trajkit_token_counters",
     "trajkit_search_providers",
+    "trajkit_config_tables",
 )
 
 

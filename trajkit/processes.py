@@ -63,6 +63,18 @@ class OutputLog:
         self.total += count
         self.tail.clear()
 
+    def read_from(self, position: int) -> tuple[bytes, int, int]:
+        """The bytes from ``position`` on as far as they are kept, the position after them, and
+        how many bytes from ``position`` on were dropped before them (for a reader that needs
+        the bytes as they came, such as a protocol spoken over the output)."""
+        head_end = len(self.head)
+        tail_start = self.total - len(self.tail)
+        data = bytes(self.head[min(position, head_end) :]) if position < head_end else b""
+        dropped = max(0, tail_start - max(position, head_end))
+        if dropped and data:  # what follows the head is not contiguous with it
+            return data, head_end, 0
+        return data + bytes(self.tail[max(position - tail_start, 0) :]), self.total, dropped
+
     def since(self, position: int) -> str:
         """The output from byte ``position`` on, as far as it is kept."""
         head_end = len(self.head)

@@ -1,0 +1,80 @@
+"""A small MCP server on the standard library alone (JSON-RPC 2.0, one message a line on standard
+input and output), for per-session tests in sandboxes whose image has Python but not the ``mcp``
+package: the tests pass this file's text as ``python3 -c``. Its tools work on the files of its
+working directory (the sandbox's), so a test can see which sandbox a server runs in."""
+
+import json
+import os
+import sys
+
+TOOLS = [
+    {
+        "name": "write_note",
+        "description": "Write a note to a file of the working directory.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "text": {"type": "string"}},
+            "required": ["name", "text"],
+        },
+    },
+    {
+        "name": "environment",
+        "description": "The value of one of the server's environment variables.",
+        "inputSchema": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    },
+    {
+        "name": "list_files",
+        "description": "The names of the files in the working directory.",
+        "inputSchema": {"type": "object", "properties": {}},
+    },
+]
+
+
+def call(name, arguments):
+    if name == "write_note":
+        with open(os.path.basename(arguments["name"]), "w") as handle:
+            handle.write(arguments["text"])
+        return {"content": [{"type": "text", "text": "written"}]}
+    if name == "environment":
+        return {"content": [{"type": "text", "text": str(os.environ.get(arguments["name"]))}]}
+    if name == "list_files":
+        names = sorted(n for n in os.listdir(".") if not n.startswith("."))
+        return {
+            "content": [{"type": "text", "text": json.dumps(names)}],
+            "structuredContent": {"files": names},
+        }
+    return {"content": [{"type": "text", "text": f"no tool {name}"}], "isError": True}
+
+
+def answer(request):
+    method, params = request.get("method"), request.get("params") or {}
+    if method == "initialize":
+        return {
+            "protocolVersion": params.get("protocolVersion"),
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "stdlib-notes", "version": "1"},
+        }
+    if method == "tools/list":
+        return {"tools": TOOLS}
+    if method == "tools/call":
+        return call(params["name"], params.get("arguments") or {})
+    if method == "ping":
+        return {}
+    return None
+
+
+for line in sys.stdin:
+    request = json.loads(line)
+    if "id" not in request:
+        continue  # a notification
+    result = answer(request)
+    if result is None:
+        reply = {
+            "jsonrpc": "2.0",
+            "id": request["id"],
+            "error": {"code": -32601, "message": "no such method"},
+        }
+    else:
+        reply = {"jsonrpc": "2.0", "id": request["id"], "result": result}
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()

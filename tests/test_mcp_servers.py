@@ -1,0 +1,370 @@
+"""MCP servers as toolsets: ``[mcp_servers.NAME]`` becomes ``mcp:NAME``, its tools listed once,
+their names made acceptable to the model API, and every fault of a server a tool error (a hostile
+server on the SDK's own ``MCPServer``, a real ``mcp-server-time`` from PyPI, a standard-library
+server per session in a local sandbox)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import pytest
+
+from tests.test_plugins import plugin_with
+from trajkit.configure import ConfigurationError, resolve
+from trajkit.hookspecs import ConfigTable
+from trajkit.manager import PluginHost, load_plugins
+from trajkit.plugins.local_sandbox import LocalBackend
+from trajkit.plugins.mcp import McpToolset, expand
+from trajkit.plugins.mcp_results import NAME_RULE, model_name, result_text, schema_problem
+from trajkit.sandbox import SandboxSpec
+from trajkit.settings import StrictSettings
+from trajkit.tools import Tool, ToolContext, ToolError, ToolSession, Toolset, ToolsetError, open_toolsets
+
+TESTS = Path(__file__).parent
+HOSTILE = str(TESTS / "mcp_hostile_server.py")
+STDLIB_SERVER = (TESTS / "mcp_stdlib_server.py").read_text()
+TIME_SERVER = shutil.which("mcp-server-time") or str(Path(sys.executable).parent / "mcp-server-time")
+
+
+def configured(servers: dict[str, Any]) -> tuple[PluginHost, Any]:
+    host = load_plugins()
+    return host, resolve(host, {"mcp_servers": servers})
+
+
+def test_names_the_model_api_refuses_are_mapped_and_schemas_checked() -> None:
+    taken: set[str] = set()
+    spaced = model_name("look up the weather", taken)
+    assert spaced == "look_up_the_weather"
+    long = model_name("x" * 200, taken)
+    assert NAME_RULE.match(long) and len(long) == 64
+    assert model_name("x" * 200, {long}) != long  # a taken name gets a longer digest
+    assert model_name("ok_name", taken) == "ok_name"
+    assert schema_problem({"type": "object", "properties": {"a": {"type": "string"}}}) is None
+    assert "not an object" in (schema_problem({"type": "string"}) or "")
+    assert "not valid JSON Schema" in (
+        schema_problem({"type": "object", "properties": {"x": {"type": 12}}}) or ""
+    )
+
+
+def test_results_become_the_text_of_a_tool_turn_within_the_cap() -> None:
+    result = types.CallToolResult(
+        content=[
+            types.TextContent(type="text", text="hello"),
+            types.ImageContent(type="image", data="aGVsbG8=", mime_type="image/png"),
+            types.EmbeddedResource(
+                type="resource", resource=types.TextResourceContents(uri="file:///a.txt", text="inside")
+            ),
+            types.ResourceLink(type="resource_link", uri="file:///b", name="b"),
+        ],
+        is_error=False,
+    )
+    text, failed = result_text(result, 10_000)
+    assert not failed
+    assert text.splitlines() == [
+        "hello",
+        "[image image/png, 6 bytes]",
+        "[resource file:///a.txt]",
+        "inside",
+        "[resource file:///b (b)]",
+    ]
+    structured = types.CallToolResult(content=[], structured_content={"files": ["a"]}, is_error=True)
+    assert result_text(structured, 100) == ('{"files": ["a"]}', True)
+    flood = types.CallToolResult(content=[types.TextContent(type="text", text="y" * 50_000)])
+    capped, _ = result_text(flood, 1000)
+    assert len(capped.encode()) < 1200 and "truncated" in capped
+
+
+def test_environment_values_come_from_the_runner_by_name() -> None:
+    assert expand({"TOKEN": "Bearer ${SECRET}"}, "env", {"SECRET": "s3"}) == {"TOKEN": "Bearer s3"}
+    with pytest.raises(ToolsetError, match=r"names \$\{MISSING\}, which is not set"):
+        expand({"TOKEN": "${MISSING}"}, "env", {})
+
+
+def test_configuration_errors_name_the_entry_and_key() -> None:
+    host = load_plugins()
+    with pytest.raises(ConfigurationError, match=r"MCP server .both.*either command"):
+        resolve(host, {"mcp_servers": {"both": {"command": "x", "url": "http://127.0.0.1:9/mcp"}}})
+    with pytest.raises(ConfigurationError, match=r"mcp_servers.typo.comand.*no setting .comand."):
+        resolve(host, {"mcp_servers": {"typo": {"comand": "x"}}})
+    with pytest.raises(ConfigurationError, match="'no-such-mcp-program' is not a program"):
+        resolve(host, {"mcp_servers": {"gone": {"command": "no-such-mcp-program", "mode": "shared"}}})
+
+
+def test_a_hostile_shared_server_only_ever_gives_tool_errors(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "trajkit")
+    server = {
+        "command": sys.executable,
+        "args": [HOSTILE],
+        "mode": "shared",
+        "timeout": 3,
+        "max_message_bytes": 1 << 20,
+    }
+    patient = {**server, "timeout": 120, "prefix": "slow_"}  # 100 MB take a while to make
+    host, config = configured({"hostile": server, "patient": patient})
+    toolset, flooding = host.toolsets["mcp:hostile"], host.toolsets["mcp:patient"]
+    assert isinstance(toolset, McpToolset)
+    names = {tool.name for tool in toolset.tools}
+    assert "broken_schema" not in names  # its schema is broken: left out, said once
+    assert "look_up_the_weather" in names
+    assert all(NAME_RULE.match(name) for name in names)
+    mapped = {tool.name: tool for tool in toolset.tools if tool.name.startswith("measure_")}
+    (long_tool,) = mapped.values()
+    assert "(MCP tool 'measure_very_" in long_tool.description  # the mapping is in the schema saved
+    warnings = [r.getMessage() for r in caplog.records]
+    assert sum("MCP server 'hostile': tool 'broken_schema' left out" in w for w in warnings) == 1
+
+    async def main() -> None:
+        run = await open_toolsets([toolset, flooding], config, host)
+        ctx = ToolContext(sandbox=None, timeout=30, output_cap=4096, session=ToolSession(run))  # type: ignore[arg-type]
+        tools = {tool.name: tool for ts in (toolset, flooding) for tool in ts.tools}
+
+        async def call(name: str, **args: Any) -> str:
+            return await tools[name].run(args, ctx)
+
+        try:
+            assert await call("count") == "1"
+            assert await call("look_up_the_weather") == "sunny"
+            assert await call(long_tool.name) == "long"
+            with pytest.raises(ToolError, match=r"answer was \d+ bytes, more than the 1048576"):
+                await call("slow_flood", megabytes=100)
+            assert await call("slow_count") == "1"  # the same process, still answering
+            began = time.monotonic()
+            with pytest.raises(ToolError, match="did not answer within 3s"):
+                await call("hang")
+            assert time.monotonic() - began < 20
+            with pytest.raises(ToolError, match="always fails"):
+                await call("fail")
+            assert await call("grow") == "grown"
+            assert await call("count") == "2"
+            with pytest.raises(ToolError, match="ended during this call and was started again"):
+                await call("crash")
+            assert await call("count") == "1"  # a new process: what the first held is lost
+            with pytest.raises(ToolError):
+                await call("crash")
+            with pytest.raises(ToolError, match="unavailable"):
+                await call("count")
+        finally:
+            await run.aclose()
+
+    asyncio.run(main())
+    warnings = [r.getMessage() for r in caplog.records]
+    assert sum("said its tool list changed" in w for w in warnings) == 1
+
+
+def test_mcp_server_time_shared_answers_and_reports_errors() -> None:
+    host, config = configured({"time": {"command": TIME_SERVER, "mode": "shared"}})
+    toolset = host.toolsets["mcp:time"]
+    assert {tool.name for tool in toolset.tools} == {"get_current_time", "convert_time"}
+    schema = {tool.name: tool for tool in toolset.tools}["convert_time"].parameters
+    assert schema["required"] == ["source_timezone", "time", "target_timezone"]  # offered as it is
+
+    async def main() -> None:
+        run = await open_toolsets([toolset], config, host)
+        ctx = ToolContext(sandbox=None, session=ToolSession(run))  # type: ignore[arg-type]
+        tools = {tool.name: tool for tool in toolset.tools}
+        try:
+            now = json.loads(await tools["get_current_time"].run({"timezone": "Asia/Tokyo"}, ctx))
+            assert now["timezone"] == "Asia/Tokyo" and now["datetime"].endswith("+09:00")
+            with pytest.raises(ToolError, match="Nowhere/Land"):
+                await tools["get_current_time"].run({"timezone": "Nowhere/Land"}, ctx)
+        finally:
+            await run.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_per_session_server_runs_in_its_own_sandbox_and_ends_with_it(
+    sandbox_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MCP_TEST_NOTE_KEY", "key-from-the-environment")
+    server = {  # per_session: the default for a command
+        "command": "python3",
+        "args": ["-c", STDLIB_SERVER],
+        "env": {"NOTE_KEY": "${MCP_TEST_NOTE_KEY}"},
+    }
+    host, config = configured({"notes": server})
+    assert "key-from-the-environment" not in json.dumps(config.manifest())
+    toolset = host.toolsets["mcp:notes"]
+    tools = {tool.name: tool for tool in toolset.tools}
+    assert set(tools) == {"write_note", "list_files", "environment"}
+
+    async def main() -> None:
+        run = await open_toolsets([toolset], config, host)
+        backend = LocalBackend({"root": str(sandbox_root)})
+        first = await backend.create(SandboxSpec(run_id="mcp-per-session", work_id="a"))
+        second = await backend.create(SandboxSpec(run_id="mcp-per-session", work_id="b"))
+        sessions = [ToolSession(run), ToolSession(run)]
+        a = ToolContext(sandbox=first, session=sessions[0])
+        b = ToolContext(sandbox=second, session=sessions[1])
+        try:
+            await first.write_file("seen-by-a.txt", b"x")
+            assert await tools["write_note"].run({"name": "note.txt", "text": "hi"}, a) == "written"
+            assert json.loads(await tools["list_files"].run({}, a)) == ["note.txt", "seen-by-a.txt"]
+            assert json.loads(await tools["list_files"].run({}, b)) == []  # another sandbox, another server
+            assert await tools["environment"].run({"name": "NOTE_KEY"}, a) == "key-from-the-environment"
+            assert (
+                await tools["environment"].run({"name": "MCP_TEST_NOTE_KEY"}, a) == "None"
+            )  # only what is named
+            assert await first.read_file("note.txt") == b"hi"  # written inside the sandbox
+            found = await first.exec("ps -eo args | grep -c '^python3 -c' || true", timeout=30)
+            assert found.stdout.strip() == "1"
+            await sessions[0].aclose()
+            found = await first.exec("ps -eo args | grep -c '^python3 -c' || true", timeout=30)
+            assert found.stdout.strip() == "0"  # the server ended with its session
+        finally:
+            for session in sessions:
+                await session.aclose()
+            await first.close()
+            await second.close()
+            await run.aclose()
+            await backend.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_per_session_server_that_fails_to_start_is_a_tool_error(sandbox_root: Path) -> None:
+    host, config = configured(
+        {"notes": {"command": "python3", "args": ["-c", STDLIB_SERVER], "start_timeout": 20}}
+    )
+    toolset = host.toolsets["mcp:notes"]
+    tool = {t.name: t for t in toolset.tools}["list_files"]
+
+    async def main() -> None:
+        run = await open_toolsets([toolset], config, host)
+        backend = LocalBackend({"root": str(sandbox_root)})
+        sandbox = await backend.create(SandboxSpec(run_id="mcp-no-start", work_id="a"))
+        session = ToolSession(run)
+        try:
+            await sandbox.exec(
+                "mkdir -p bin && printf '#!/bin/sh\\nexit 1\\n' > bin/python3 && chmod +x bin/python3",
+                timeout=30,
+            )
+            broken = config.tables["mcp_servers"]["notes"].model_copy(update={"command": "./bin/python3"})
+            object.__setattr__(toolset.server, "settings", broken)
+            with pytest.raises(ToolError, match="MCP server 'notes' failed to start"):
+                await tool.run({}, ToolContext(sandbox=sandbox, session=session))
+        finally:
+            await session.aclose()
+            await sandbox.close()
+            await run.aclose()
+            await backend.aclose()
+
+    asyncio.run(main())
+
+
+def test_names_are_unique_across_toolsets() -> None:
+    host = load_plugins()
+    server = {"command": "python3", "args": ["-c", STDLIB_SERVER.replace('"list_files"', '"read_file"')]}
+    with pytest.raises(Exception, match=r"tool 'read_file' is registered twice"):
+        resolve(host, {"mcp_servers": {"clash": server}})
+    prefixed = resolve(host, {"mcp_servers": {"clash": {**server, "prefix": "notes_"}}})
+    assert {t.name for t in host.toolsets["mcp:clash"].tools} == {
+        "notes_read_file",
+        "notes_write_note",
+        "notes_environment",
+    }
+    assert prefixed.tables["mcp_servers"]["clash"].prefix == "notes_"
+    assert re.match(r"^mcp:", "mcp:clash")
+
+
+class Greeter(StrictSettings):
+    greeting: str = "hello"
+
+
+def test_any_plugin_can_declare_a_table_and_build_toolsets_from_it() -> None:
+    """The seams the MCP plugin uses are generic: a third-party plugin gets the same."""
+
+    async def greet(args: dict[str, Any], ctx: ToolContext) -> str:
+        return "hi"
+
+    def trajkit_configured_toolsets(config: Any) -> list[Toolset]:
+        entries = config.tables.get("greeters", {})
+        return [
+            Toolset(f"greet:{name}", entry.greeting, (Tool(f"greet_{name}", "", {"type": "object"}, greet),))
+            for name, entry in entries.items()
+        ]
+
+    plugin = plugin_with(
+        trajkit_config_tables=lambda: [ConfigTable("greeters", Greeter, "greeter")],
+        trajkit_configured_toolsets=trajkit_configured_toolsets,
+    )
+    host = load_plugins(extra=[("greeters", plugin)])
+    config = resolve(host, {"greeters": {"formal": {"greeting": "good day"}}, "toolsets": ["greet:formal"]})
+    assert config.tables["greeters"]["formal"].greeting == "good day"
+    assert host.toolsets["greet:formal"].description == "good day"
+    assert "greet_formal" in host.tools
+    assert config.manifest()["tables"] == {"greeters": {"formal": {"greeting": "good day"}}}
+    with pytest.raises(ConfigurationError, match=r"greeters.formal.greting: greeter 'formal' has no setting"):
+        resolve(host, {"greeters": {"formal": {"greting": "x"}}})
+    given_back = resolve(host, {"tables": {"greeters": {"plain": {}}}})  # as a resolved one holds it
+    assert given_back.tables["greeters"]["plain"].greeting == "hello"
+    with pytest.raises(ConfigurationError, match=r"no installed plugin reads a table \[readers\]"):
+        resolve(host, {"tables": {"readers": {}}})
+    resolve(host, {})  # a configuration without the table: its toolsets are gone again
+    assert "greet:formal" not in host.toolsets
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_streamable_http_server_is_shared_and_gets_its_headers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import urllib.request
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, HOSTILE, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/mcp", timeout=2)
+            except urllib.error.HTTPError:
+                break  # it answers (a GET without a session is refused)
+            except OSError:
+                assert time.monotonic() < deadline and process.poll() is None, "the HTTP server did not start"
+                time.sleep(0.2)
+        monkeypatch.setenv("MCP_TEST_TOKEN", "token-from-the-environment")
+        server = {
+            "url": f"http://127.0.0.1:{port}/mcp",
+            "headers": {"X-Test-Token": "${MCP_TEST_TOKEN}"},
+            "description": "the hostile server over HTTP",
+        }
+        host, config = configured({"remote": server})
+        toolset = host.toolsets["mcp:remote"]
+        assert toolset.description == "the hostile server over HTTP"
+        assert config.manifest()["tables"]["mcp_servers"]["remote"]["headers"] == {
+            "X-Test-Token": "${MCP_TEST_TOKEN}"
+        }
+
+        async def main() -> None:
+            run = await open_toolsets([toolset], config, host)
+            ctx = ToolContext(sandbox=None, session=ToolSession(run))  # type: ignore[arg-type]
+            tools = {tool.name: tool for tool in toolset.tools}
+            try:
+                assert (
+                    await tools["header"].run({"name": "x-test-token"}, ctx) == "token-from-the-environment"
+                )
+                assert await tools["count"].run({}, ctx) == "1"
+            finally:
+                await run.aclose()
+
+        asyncio.run(main())
+    finally:
+        process.kill()
+        process.wait()
