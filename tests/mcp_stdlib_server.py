@@ -1,11 +1,38 @@
 """A small MCP server on the standard library alone (JSON-RPC 2.0, one message a line on standard
 input and output), for per-session tests in sandboxes whose image has Python but not the ``mcp``
-package: the tests pass this file's text as ``python3 -c``. Its tools work on the files of its
+package, nor even ``json`` (Debian's python3-minimal, as in the Docker test image): the tests pass
+this file's text as ``python3 -c``. Its tools work on the files of its
 working directory (the sandbox's), so a test can see which sandbox a server runs in."""
 
-import json
 import os
+import re
 import sys
+
+try:
+    from json import dumps, loads
+except ImportError:  # python3-minimal: JSON read as Python literals, written by hand
+    import ast
+
+    TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\btrue\b|\bfalse\b|\bnull\b')
+    LITERALS = {"true": "True", "false": "False", "null": "None"}
+
+    def loads(text):
+        return ast.literal_eval(TOKEN.sub(lambda m: LITERALS.get(m.group(0), m.group(0)), text))
+
+    def dumps(value):
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{dumps(str(k))}: {dumps(v)}" for k, v in value.items()) + "}"
+        if isinstance(value, (list, tuple)):
+            return "[" + ", ".join(dumps(v) for v in value) + "]"
+        if isinstance(value, str):
+            escaped = "".join(
+                c if 32 <= ord(c) < 127 and c not in '"\\' else f"\\u{ord(c):04x}" for c in value
+            )
+            return f'"{escaped}"'
+        if value is None or isinstance(value, bool):
+            return {None: "null", True: "true", False: "false"}[value]
+        return str(value)
+
 
 TOOLS = [
     {
@@ -40,7 +67,7 @@ def call(name, arguments):
     if name == "list_files":
         names = sorted(n for n in os.listdir(".") if not n.startswith("."))
         return {
-            "content": [{"type": "text", "text": json.dumps(names)}],
+            "content": [{"type": "text", "text": dumps(names)}],
             "structuredContent": {"files": names},
         }
     return {"content": [{"type": "text", "text": f"no tool {name}"}], "isError": True}
@@ -64,7 +91,7 @@ def answer(request):
 
 
 for line in sys.stdin:
-    request = json.loads(line)
+    request = loads(line)
     if "id" not in request:
         continue  # a notification
     result = answer(request)
@@ -76,5 +103,5 @@ for line in sys.stdin:
         }
     else:
         reply = {"jsonrpc": "2.0", "id": request["id"], "result": result}
-    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.write(dumps(reply) + "\n")
     sys.stdout.flush()

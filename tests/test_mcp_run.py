@@ -1,0 +1,111 @@
+"""``trajkit run`` with MCP servers as toolsets, end to end: the test model calls a per-session
+server (in each row's sandbox: local, and Docker's ``trajkit-test/python`` image) and a shared
+``mcp-server-time``; the records, ``tools.json`` and the export carry the MCP tools' schemas."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import read_jsonl, trajkit, write_jsonl
+from tests.test_docker_run import docker_client  # noqa: F401 (fixture)
+from tests.test_mcp_servers import STDLIB_SERVER, TIME_SERVER
+from trajkit.plugins.scripted_model import split_task
+from trajkit.testing.openai_server import OpenAITestServer
+
+PYTHON_IMAGE = "trajkit-test/python:latest"
+CALL = re.compile(r"\[call:(\w+) (\{.*?\})\]")
+
+
+def calling_policy(body: dict[str, Any]) -> dict[str, Any]:
+    """Makes the calls the prompt lists (``[call:NAME {args}]``), one a turn, then answers."""
+    prompt, since = split_task(body["messages"])
+    calls = CALL.findall(prompt)
+    made = sum(1 for message in since if message.get("role") == "assistant")
+    if made < len(calls):
+        name, arguments = calls[made]
+        call = {"id": f"call_{made}", "type": "function", "function": {"name": name, "arguments": arguments}}
+        return {"content": None, "reasoning": f"Calling {name}.", "tool_calls": [call]}
+    results = [m.get("content") for m in since if m.get("role") == "tool"]
+    return {"content": f"Done: {results}", "reasoning": "All calls are made."}
+
+
+def mcp_config(path: Path) -> Path:
+    path.write_text(
+        'toolsets = ["mcp:notes", "mcp:time"]\n'
+        "[mcp_servers.notes]\n"
+        'command = "python3"\n'
+        f"args = [\"-c\", {json.dumps(STDLIB_SERVER)}]\n"
+        "[mcp_servers.time]\n"
+        f"command = {json.dumps(TIME_SERVER)}\n"
+        'mode = "shared"\n'
+    )
+    return path
+
+
+PROMPT = (
+    'Write a note, list the files, then the time. [call:write_note {"name": "n.txt", "text": "hello"}] '
+    '[call:list_files {}] [call:get_current_time {"timezone": "UTC"}]'
+)
+
+
+def run_with_mcp(tmp_path: Path, sandbox_root: Path, rows: list[dict[str, Any] | str], name: str) -> Path:
+    dataset = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    config = mcp_config(tmp_path / "run.toml")
+    with OpenAITestServer(calling_policy) as server:
+        result = trajkit(
+            "run", "--config", str(config), "--dataset_file", str(dataset), "--run_name", name,
+            "--output_dir", str(tmp_path), "--model", "m", "--base_url", server.base_url,
+            "--sandbox_option", f"local.root={sandbox_root}", "--sandbox_option", "docker.pull=never",
+            "--num_workers", "2", "--quiet",
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return tmp_path / name
+
+
+def check_records(run_dir: Path, count: int) -> list[dict[str, Any]]:
+    records = read_jsonl(run_dir / "trajectories.jsonl")
+    assert len(records) == count
+    schemas = json.loads((run_dir / "tools.json").read_text())
+    for record in records:
+        assert sorted(record["toolsets_used"]) == ["mcp:notes", "mcp:time"]
+        for tool in ("write_note", "list_files", "get_current_time"):
+            assert record["tool_stats"][tool] == {"count": 1, "success": 1, "failure": 0}, record["tool_stats"]
+        assert record["tool_stats"]["convert_time"]["count"] == 0  # every tool of the run, zero-filled
+        results = [turn["value"] for turn in record["conversations"] if turn["from"] == "tool"]
+        assert results[0] == "written"
+        assert json.loads(results[1]) == ["n.txt"]  # the session's own sandbox: its note alone
+        assert json.loads(results[2])["timezone"] == "UTC"
+        offered = schemas[record["tool_schemas_key"]]
+        names = {schema["function"]["name"]: schema["function"] for schema in offered}
+        assert set(names) == {"write_note", "list_files", "environment", "get_current_time", "convert_time"}
+        assert names["write_note"]["parameters"]["required"] == ["name", "text"]
+    return records
+
+
+def test_a_run_calls_mcp_tools_in_local_sandboxes(tmp_path: Path, sandbox_root: Path) -> None:
+    rows: list[dict[str, Any] | str] = [{"prompt": PROMPT}, {"prompt": PROMPT + " (again)"}]
+    run_dir = run_with_mcp(tmp_path, sandbox_root, rows, "mcp-local")
+    check_records(run_dir, 2)
+    saved = json.loads((run_dir / "run.json").read_text())["config"]
+    assert saved["tables"]["mcp_servers"]["time"]["mode"] == "shared"
+    exported = tmp_path / "export.jsonl"
+    result = trajkit("export", str(run_dir), "--format", "openai", "--out", str(exported))
+    assert result.returncode == 0, result.stderr
+    row = read_jsonl(exported)[0]
+    assert {tool["function"]["name"] for tool in row["tools"]} >= {"write_note", "get_current_time"}
+
+
+def test_a_run_calls_mcp_tools_in_docker_sandboxes(
+    tmp_path: Path,
+    sandbox_root: Path,
+    docker_client: Any,  # noqa: F811
+) -> None:
+    run_name = f"mcp-docker-{uuid.uuid4().hex[:8]}"
+    rows: list[dict[str, Any] | str] = [{"prompt": PROMPT, "image": PYTHON_IMAGE}]
+    run_dir = run_with_mcp(tmp_path, sandbox_root, rows, run_name)
+    (record,) = check_records(run_dir, 1)
+    assert record["sandbox"]["backend"] == "docker"
