@@ -33,12 +33,16 @@ def calling_policy(body: dict[str, Any]) -> dict[str, Any]:
     return {"content": f"Done: {results}", "reasoning": "All calls are made."}
 
 
-def mcp_config(path: Path) -> Path:
+def mcp_config(path: Path, *, drawn: bool) -> Path:
+    offered = (
+        'distribution = "with_mcp"\n[distributions.with_mcp]\n"mcp:notes" = 1.0\n"mcp:time" = 1.0\n'
+        if drawn
+        else 'toolsets = ["mcp:notes", "mcp:time"]\n'
+    )
     path.write_text(
-        'toolsets = ["mcp:notes", "mcp:time"]\n'
-        "[mcp_servers.notes]\n"
+        offered + "[mcp_servers.notes]\n"
         'command = "python3"\n'
-        f"args = [\"-c\", {json.dumps(STDLIB_SERVER)}]\n"
+        f'args = ["-c", {json.dumps(STDLIB_SERVER)}]\n'
         "[mcp_servers.time]\n"
         f"command = {json.dumps(TIME_SERVER)}\n"
         'mode = "shared"\n'
@@ -52,9 +56,11 @@ PROMPT = (
 )
 
 
-def run_with_mcp(tmp_path: Path, sandbox_root: Path, rows: list[dict[str, Any] | str], name: str) -> Path:
+def run_with_mcp(
+    tmp_path: Path, sandbox_root: Path, rows: list[dict[str, Any] | str], name: str, *, drawn: bool = False
+) -> Path:
     dataset = write_jsonl(tmp_path / "prompts.jsonl", rows)
-    config = mcp_config(tmp_path / "run.toml")
+    config = mcp_config(tmp_path / "run.toml", drawn=drawn)
     with OpenAITestServer(calling_policy) as server:
         result = trajkit(
             "run", "--config", str(config), "--dataset_file", str(dataset), "--run_name", name,
@@ -73,7 +79,9 @@ def check_records(run_dir: Path, count: int) -> list[dict[str, Any]]:
     for record in records:
         assert sorted(record["toolsets_used"]) == ["mcp:notes", "mcp:time"]
         for tool in ("write_note", "list_files", "get_current_time"):
-            assert record["tool_stats"][tool] == {"count": 1, "success": 1, "failure": 0}, record["tool_stats"]
+            assert record["tool_stats"][tool] == {"count": 1, "success": 1, "failure": 0}, record[
+                "tool_stats"
+            ]
         assert record["tool_stats"]["convert_time"]["count"] == 0  # every tool of the run, zero-filled
         results = [turn["value"] for turn in record["conversations"] if turn["from"] == "tool"]
         assert results[0] == "written"
@@ -106,6 +114,6 @@ def test_a_run_calls_mcp_tools_in_docker_sandboxes(
 ) -> None:
     run_name = f"mcp-docker-{uuid.uuid4().hex[:8]}"
     rows: list[dict[str, Any] | str] = [{"prompt": PROMPT, "image": PYTHON_IMAGE}]
-    run_dir = run_with_mcp(tmp_path, sandbox_root, rows, run_name)
+    run_dir = run_with_mcp(tmp_path, sandbox_root, rows, run_name, drawn=True)  # drawn by a distribution
     (record,) = check_records(run_dir, 1)
     assert record["sandbox"]["backend"] == "docker"

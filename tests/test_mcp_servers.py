@@ -18,6 +18,7 @@ from typing import Any
 import mcp_types as types
 import pytest
 
+from tests.helpers import trajkit
 from tests.test_plugins import plugin_with
 from trajkit.configure import ConfigurationError, resolve
 from trajkit.hookspecs import ConfigTable
@@ -368,3 +369,24 @@ def test_a_streamable_http_server_is_shared_and_gets_its_headers(monkeypatch: py
     finally:
         process.kill()
         process.wait()
+
+
+def test_trajkit_toolsets_lists_what_each_server_offers(tmp_path: Path) -> None:
+    config = tmp_path / "servers.toml"
+    config.write_text(
+        f'[mcp_servers.time]\ncommand = {json.dumps(TIME_SERVER)}\nmode = "shared"\n'
+        f'[mcp_servers.notes]\ncommand = "python3"\nargs = ["-c", {json.dumps(STDLIB_SERVER)}]\n'
+    )
+    result = trajkit("toolsets", "--config", str(config), "--json")
+    assert result.returncode == 0, result.stderr
+    listed = {entry["toolset"]: entry for entry in map(json.loads, result.stdout.splitlines())}
+    assert listed["mcp:time"]["tools"] == {
+        "get_current_time": "Get current time in a specific timezone.",
+        "convert_time": "Convert time between timezones.",
+    }
+    assert "shared by every session" in listed["mcp:time"]["description"]
+    assert "one per session, in its sandbox" in listed["mcp:notes"]["description"]
+    assert "terminal" in listed and listed["terminal"]["problem"] is None
+    text = trajkit("toolsets", "--config", str(config))
+    assert "mcp:notes: the tools of the MCP server 'notes'" in text.stdout
+    assert "  write_note: Write a note to a file of the working directory." in text.stdout

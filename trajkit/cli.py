@@ -363,6 +363,40 @@ def distributions(ctx: click.Context, config_path: Path | None, as_json: bool, m
 
 
 @cli.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="A run's configuration file: the toolsets it configures (its [mcp_servers]) count.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per toolset.")
+@click.pass_context
+def toolsets(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
+    """List the toolsets a run could offer: each one's tools, and why one cannot be offered here."""
+    host = load_host(ctx)
+    try:
+        given = read_config_file(config_path) if config_path else {}
+    except ConfigFileError as exc:
+        raise click.UsageError(str(exc)) from None
+    config = configure(host, given, {key: f"{config_path}: {key}" for key in given})
+    for name, toolset in sorted(host.toolsets.items()):
+        problem = toolset.problem(config.settings_of(toolset))
+        tools = {tool.name: _first_sentence(tool.description) for tool in toolset.tools}
+        if as_json:
+            described = {"toolset": name, "description": toolset.description, "problem": problem}
+            click.echo(json.dumps({**described, "tools": tools}, ensure_ascii=False))
+            continue
+        click.echo(f"{name}: {toolset.description}" + (f" (not offered here: {problem})" if problem else ""))
+        for tool, description in tools.items():
+            click.echo(f"  {tool}" + (f": {description}" if description else ""))
+
+
+def _first_sentence(text: str) -> str:
+    first = " ".join(text.split()).split(". ")[0]
+    return first if first.endswith(".") or not first else first + "."
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per setting.")
 @click.option("--markdown", is_flag=True, help="A reference page (docs/settings.md is made so).")
 @click.pass_context

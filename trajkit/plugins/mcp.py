@@ -172,7 +172,8 @@ class McpToolset(Toolset):
             server.original[offered] = item.name
             tools.append(Tool(offered, description, item.input_schema, server.caller(item.name)))
         server.listed = {item.name for item in listing}
-        description = settings.description or f"the tools of the MCP server {name!r}"
+        where = "shared by every session" if settings.shared else "one per session, in its sandbox"
+        description = settings.description or f"the tools of the MCP server {name!r} ({where})"
         return cls(PREFIX + name, description, tuple(tools), server=server)
 
     async def start(self, run: ToolRun) -> None:
