@@ -390,3 +390,47 @@ def test_trajkit_toolsets_lists_what_each_server_offers(tmp_path: Path) -> None:
     text = trajkit("toolsets", "--config", str(config))
     assert "mcp:notes: the tools of the MCP server 'notes'" in text.stdout
     assert "  write_note: Write a note to a file of the working directory." in text.stdout
+
+
+GIT_SERVER = shutil.which("mcp-server-git") or str(Path(sys.executable).parent / "mcp-server-git")
+
+
+def test_mcp_server_git_per_session_over_the_repository_in_its_sandbox(sandbox_root: Path) -> None:
+    # The server is this environment's (a Python package outside /usr): the sandbox is the
+    # unconfined local one, so that it can run; its working directory is that sandbox's. No
+    # --repository: the server would refuse to start where its tools are listed (an empty
+    # directory), and a per-session server's boundary is its sandbox.
+    server = {"command": GIT_SERVER}
+    host, config = configured({"git": server})
+    toolset = host.toolsets["mcp:git"]
+    tools = {tool.name: tool for tool in toolset.tools}
+    assert {"git_status", "git_log", "git_commit", "git_add"} <= set(tools)
+
+    async def main() -> None:
+        run = await open_toolsets([toolset], config, host)
+        backend = LocalBackend({"root": str(sandbox_root), "isolation": "none"})
+        sandbox = await backend.create(SandboxSpec(run_id="mcp-git", work_id="a"))
+        session = ToolSession(run)
+        ctx = ToolContext(sandbox=sandbox, session=session)
+        try:
+            made = await sandbox.exec(
+                "git init -q . && echo one > a.txt && git add a.txt && "
+                "git -c user.name=T -c user.email=t@example.com commit -qm 'the first commit' && echo two > b.txt",
+                timeout=60,
+            )
+            assert made.exit_code == 0, made.stderr
+            status = await tools["git_status"].run({"repo_path": "."}, ctx)
+            assert "b.txt" in status and "Untracked" in status
+            assert "the first commit" in await tools["git_log"].run({"repo_path": "."}, ctx)
+            with pytest.raises(ToolError, match="not-here"):
+                await tools["git_status"].run({"repo_path": "not-here"}, ctx)
+            committed = await tools["git_add"].run({"repo_path": ".", "files": ["b.txt"]}, ctx)
+            assert "staged" in committed.lower()
+            assert (await sandbox.exec("git status --short", timeout=30)).stdout.strip() == "A  b.txt"
+        finally:
+            await session.aclose()
+            await sandbox.close()
+            await run.aclose()
+            await backend.aclose()
+
+    asyncio.run(main())
