@@ -50,6 +50,11 @@ TOOLS = [
         "inputSchema": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
     },
     {
+        "name": "flood",
+        "description": "Answer with this many megabytes of text.",
+        "inputSchema": {"type": "object", "properties": {"megabytes": {"type": "integer"}}},
+    },
+    {
         "name": "list_files",
         "description": "The names of the files in the working directory.",
         "inputSchema": {"type": "object", "properties": {}},
@@ -64,6 +69,8 @@ def call(name, arguments):
         return {"content": [{"type": "text", "text": "written"}]}
     if name == "environment":
         return {"content": [{"type": "text", "text": str(os.environ.get(arguments["name"]))}]}
+    if name == "flood":
+        return {"content": [{"type": "text", "text": "x" * (arguments["megabytes"] << 20)}]}
     if name == "list_files":
         names = sorted(n for n in os.listdir(".") if not n.startswith("."))
         return {

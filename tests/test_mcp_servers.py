@@ -26,6 +26,7 @@ from trajkit.manager import PluginHost, load_plugins
 from trajkit.plugins.local_sandbox import LocalBackend
 from trajkit.plugins.mcp import McpToolset, expand
 from trajkit.plugins.mcp_results import NAME_RULE, model_name, result_text, schema_problem
+from trajkit.processes import OutputLog
 from trajkit.sandbox import SandboxSpec
 from trajkit.settings import StrictSettings
 from trajkit.tools import Tool, ToolContext, ToolError, ToolSession, Toolset, ToolsetError, open_toolsets
@@ -82,6 +83,18 @@ def test_results_become_the_text_of_a_tool_turn_within_the_cap() -> None:
     flood = types.CallToolResult(content=[types.TextContent(type="text", text="y" * 50_000)])
     capped, _ = result_text(flood, 1000)
     assert len(capped.encode()) < 1200 and "truncated" in capped
+
+
+def test_a_background_process_s_output_is_read_back_as_it_came_or_said_lost() -> None:
+    log = OutputLog(8)
+    log.feed(b"abcd")
+    assert log.read_from(0) == (b"abcd", 4, 0)
+    log.feed(b"efgh")
+    assert log.read_from(4) == (b"efgh", 8, 0)
+    log.feed(b"0123456789")  # more than the tail keeps: the bytes between were dropped
+    assert log.read_from(8) == (b"6789", 18, 6)
+    assert log.read_from(2) == (b"cd", 4, 0)  # the head first, then what is left of the rest
+    assert log.read_from(4) == (b"6789", 18, 10)
 
 
 def test_environment_values_come_from_the_runner_by_name() -> None:
@@ -191,12 +204,13 @@ def test_a_per_session_server_runs_in_its_own_sandbox_and_ends_with_it(
         "command": "python3",
         "args": ["-c", STDLIB_SERVER],
         "env": {"NOTE_KEY": "${MCP_TEST_NOTE_KEY}"},
+        "max_message_bytes": 1 << 20,
     }
     host, config = configured({"notes": server})
     assert "key-from-the-environment" not in json.dumps(config.manifest())
     toolset = host.toolsets["mcp:notes"]
     tools = {tool.name: tool for tool in toolset.tools}
-    assert set(tools) == {"write_note", "list_files", "environment"}
+    assert set(tools) == {"write_note", "list_files", "environment", "flood"}
 
     async def main() -> None:
         run = await open_toolsets([toolset], config, host)
@@ -216,6 +230,9 @@ def test_a_per_session_server_runs_in_its_own_sandbox_and_ends_with_it(
                 await tools["environment"].run({"name": "MCP_TEST_NOTE_KEY"}, a) == "None"
             )  # only what is named
             assert await first.read_file("note.txt") == b"hi"  # written inside the sandbox
+            with pytest.raises(ToolError, match=r"answer was \d+ bytes, more than the 1048576"):
+                await tools["flood"].run({"megabytes": 30}, a)  # streamed through, never held whole
+            assert json.loads(await tools["list_files"].run({}, a)) == ["note.txt", "seen-by-a.txt"]
             found = await first.exec("ps -eo args | grep -c '^python3 -c' || true", timeout=30)
             assert found.stdout.strip() == "1"
             await sessions[0].aclose()
@@ -272,6 +289,7 @@ def test_names_are_unique_across_toolsets() -> None:
         "notes_read_file",
         "notes_write_note",
         "notes_environment",
+        "notes_flood",
     }
     assert prefixed.tables["mcp_servers"]["clash"].prefix == "notes_"
     assert re.match(r"^mcp:", "mcp:clash")

@@ -60,7 +60,7 @@ class McpServer(StrictSettings):
     """Seconds one tool call may take (at most the run's tool timeout)."""
     start_timeout: float = Field(30.0, gt=0)
     """Seconds the server has to start and list its tools."""
-    max_message_bytes: int = Field(4 << 20, ge=1024)
+    max_message_bytes: int = Field(1 << 20, ge=1024)
     """Longest message taken from the server; a longer answer is a tool error, skipped unread."""
     prefix: str = Field("", pattern=r"^[a-zA-Z0-9_-]*$")
     """Put before each tool name (git_ makes status git_status), to keep names apart from other

@@ -123,7 +123,8 @@ class Connection:
 
     @property
     def alive(self) -> bool:
-        return self._session is not None and self._owner is not None and not self._owner.done()
+        ended = self._traffic is not None and self._traffic.ended
+        return self._session is not None and self._owner is not None and not self._owner.done() and not ended
 
     async def call(self, name: str, arguments: dict[str, Any], timeout: float) -> Any:
         """The server's ``CallToolResult`` for ``name``; a :class:`ToolError` for any fault."""
@@ -138,7 +139,7 @@ class Connection:
             raise ToolError(f"{self.endpoint.label} did not answer within {timeout:g}s") from None
         except Exception as exc:
             await asyncio.sleep(0)  # let the owner see the streams end
-            if self.alive and not _connection_lost(exc):
+            if self.alive and (self._traffic is not None or not _connection_lost(exc)):
                 raise ToolError(f"{self.endpoint.label}: {_reason(exc)}") from None
             await self.close()
             await self._reopen("it ended during this call")
@@ -188,6 +189,7 @@ async def _all_tools(session: Any) -> list[Any]:
 
 
 def _connection_lost(exc: BaseException) -> bool:
+    """For a URL server, where no pipe says it ended: whether a call's error is its connection's."""
     text = f"{type(exc).__name__} {exc}".lower()
     return any(word in text for word in ("closed", "connection", "endofstream", "broken"))
 

@@ -112,7 +112,7 @@ class SandboxPipe:
         cls, sandbox: Sandbox, command: str, args: Sequence[str], env: Mapping[str, str], max_message: int
     ) -> SandboxPipe:
         line = shlex.join([command, *args]) + " 2>/dev/null"  # its output is the protocol alone
-        return cls(await sandbox.start_process(line, env=env, output_kept=4 * max_message))
+        return cls(await sandbox.start_process(line, env=env, output_kept=2 * max_message))
 
     async def read(self) -> bytes:
         pause = POLL_FIRST
@@ -157,6 +157,8 @@ class Traffic:
         self.pending: set[Any] = set()
         self.flooded = asyncio.Event()
         self.largest = 0
+        self.ended = False
+        """The server's output ended: it is gone."""
 
     def forget(self) -> None:
         """No answer is awaited any more (the call it was for gave up)."""
@@ -193,9 +195,9 @@ async def message_streams(pipe: Pipe, max_message: int, traffic: Traffic) -> Asy
         traffic.largest = max(traffic.largest, size)
         traffic.flooded.set()
         found = _ANSWER_ID.search(head)
-        if found is None:
-            return
-        answered = json.loads(found.group(1))
+        answered = json.loads(found.group(1)) if found else None
+        if answered is None and len(pending) == 1:  # its start was lost too: the one awaited
+            answered = next(iter(pending))
         if answered in pending:
             error = {
                 "code": -32000,
@@ -204,6 +206,12 @@ async def message_streams(pipe: Pipe, max_message: int, traffic: Traffic) -> Asy
             await deliver(json.dumps({"jsonrpc": "2.0", "id": answered, "error": error}).encode())
 
     async def reader() -> None:
+        try:
+            await read_lines()
+        finally:
+            traffic.ended = True
+
+    async def read_lines() -> None:
         buffer, head, skipped = bytearray(), b"", -1
         async with incoming_send:
             while chunk := await _read(pipe):

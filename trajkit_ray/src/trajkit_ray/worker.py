@@ -65,7 +65,9 @@ class SessionWorker:
         for name, value in environment.items():
             os.environ.setdefault(name, value)
         self.events = _Events()
-        sessions = Sessions(plan, load_plugins())
+        host = load_plugins()
+        host.configure_toolsets(plan.config)  # the toolsets of the run's configuration ([mcp_servers])
+        sessions = Sessions(plan, host)
         self.sessions = sessions
         limits: list[tuple[int | None, float | None, float | None]] = []
 
