@@ -6,12 +6,14 @@ server per session in a local sandbox)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import shutil
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from trajkit.plugins.local_sandbox import LocalBackend
 from trajkit.plugins.mcp import McpToolset, expand
 from trajkit.plugins.mcp_results import NAME_RULE, model_name, result_text, schema_problem
 from trajkit.processes import OutputLog
-from trajkit.sandbox import SandboxSpec
+from trajkit.sandbox import Sandbox, SandboxSpec
 from trajkit.settings import StrictSettings
 from trajkit.tools import Tool, ToolContext, ToolError, ToolSession, Toolset, ToolsetError, open_toolsets
 
@@ -40,6 +42,24 @@ TIME_SERVER = shutil.which("mcp-server-time") or str(Path(sys.executable).parent
 def configured(servers: dict[str, Any]) -> tuple[PluginHost, Any]:
     host = load_plugins()
     return host, resolve(host, {"mcp_servers": servers})
+
+
+@contextlib.asynccontextmanager
+async def local_session(
+    toolset: Toolset, config: Any, host: PluginHost, root: Path, work_id: str, **options: str
+) -> AsyncIterator[tuple[ToolContext, Sandbox]]:
+    """A session of a run offering ``toolset``, in a local sandbox of its own under ``root``."""
+    run = await open_toolsets([toolset], config, host)
+    backend = LocalBackend({"root": str(root), **options})
+    sandbox = await backend.create(SandboxSpec(run_id="mcp-test", work_id=work_id))
+    session = ToolSession(run)
+    try:
+        yield ToolContext(sandbox=sandbox, session=session), sandbox
+    finally:
+        await session.aclose()
+        await sandbox.close()
+        await run.aclose()
+        await backend.aclose()
 
 
 def test_names_the_model_api_refuses_are_mapped_and_schemas_checked() -> None:
@@ -213,14 +233,10 @@ def test_a_per_session_server_runs_in_its_own_sandbox_and_ends_with_it(
     assert set(tools) == {"write_note", "list_files", "environment", "flood"}
 
     async def main() -> None:
-        run = await open_toolsets([toolset], config, host)
-        backend = LocalBackend({"root": str(sandbox_root)})
-        first = await backend.create(SandboxSpec(run_id="mcp-per-session", work_id="a"))
-        second = await backend.create(SandboxSpec(run_id="mcp-per-session", work_id="b"))
-        sessions = [ToolSession(run), ToolSession(run)]
-        a = ToolContext(sandbox=first, session=sessions[0])
-        b = ToolContext(sandbox=second, session=sessions[1])
-        try:
+        async with (
+            local_session(toolset, config, host, sandbox_root, "a") as (a, first),
+            local_session(toolset, config, host, sandbox_root, "b") as (b, _),
+        ):
             await first.write_file("seen-by-a.txt", b"x")
             assert await tools["write_note"].run({"name": "note.txt", "text": "hi"}, a) == "written"
             assert json.loads(await tools["list_files"].run({}, a)) == ["note.txt", "seen-by-a.txt"]
@@ -235,16 +251,9 @@ def test_a_per_session_server_runs_in_its_own_sandbox_and_ends_with_it(
             assert json.loads(await tools["list_files"].run({}, a)) == ["note.txt", "seen-by-a.txt"]
             found = await first.exec("ps -eo args | grep -c '^python3 -c' || true", timeout=30)
             assert found.stdout.strip() == "1"
-            await sessions[0].aclose()
+            await a.session.aclose()
             found = await first.exec("ps -eo args | grep -c '^python3 -c' || true", timeout=30)
             assert found.stdout.strip() == "0"  # the server ended with its session
-        finally:
-            for session in sessions:
-                await session.aclose()
-            await first.close()
-            await second.close()
-            await run.aclose()
-            await backend.aclose()
 
     asyncio.run(main())
 
@@ -254,14 +263,11 @@ def test_a_per_session_server_that_fails_to_start_is_a_tool_error(sandbox_root: 
         {"notes": {"command": "python3", "args": ["-c", STDLIB_SERVER], "start_timeout": 20}}
     )
     toolset = host.toolsets["mcp:notes"]
+    assert isinstance(toolset, McpToolset)
     tool = {t.name: t for t in toolset.tools}["list_files"]
 
     async def main() -> None:
-        run = await open_toolsets([toolset], config, host)
-        backend = LocalBackend({"root": str(sandbox_root)})
-        sandbox = await backend.create(SandboxSpec(run_id="mcp-no-start", work_id="a"))
-        session = ToolSession(run)
-        try:
+        async with local_session(toolset, config, host, sandbox_root, "a") as (ctx, sandbox):
             await sandbox.exec(
                 "mkdir -p bin && printf '#!/bin/sh\\nexit 1\\n' > bin/python3 && chmod +x bin/python3",
                 timeout=30,
@@ -269,12 +275,7 @@ def test_a_per_session_server_that_fails_to_start_is_a_tool_error(sandbox_root: 
             broken = config.tables["mcp_servers"]["notes"].model_copy(update={"command": "./bin/python3"})
             object.__setattr__(toolset.server, "settings", broken)
             with pytest.raises(ToolError, match="MCP server 'notes' failed to start"):
-                await tool.run({}, ToolContext(sandbox=sandbox, session=session))
-        finally:
-            await session.aclose()
-            await sandbox.close()
-            await run.aclose()
-            await backend.aclose()
+                await tool.run({}, ctx)
 
     asyncio.run(main())
 
@@ -425,12 +426,10 @@ def test_mcp_server_git_per_session_over_the_repository_in_its_sandbox(sandbox_r
     assert {"git_status", "git_log", "git_commit", "git_add"} <= set(tools)
 
     async def main() -> None:
-        run = await open_toolsets([toolset], config, host)
-        backend = LocalBackend({"root": str(sandbox_root), "isolation": "none"})
-        sandbox = await backend.create(SandboxSpec(run_id="mcp-git", work_id="a"))
-        session = ToolSession(run)
-        ctx = ToolContext(sandbox=sandbox, session=session)
-        try:
+        async with local_session(toolset, config, host, sandbox_root, "a", isolation="none") as (
+            ctx,
+            sandbox,
+        ):
             made = await sandbox.exec(
                 "git init -q . && echo one > a.txt && git add a.txt && "
                 "git -c user.name=T -c user.email=t@example.com commit -qm 'the first commit' && echo two > b.txt",
@@ -445,10 +444,5 @@ def test_mcp_server_git_per_session_over_the_repository_in_its_sandbox(sandbox_r
             committed = await tools["git_add"].run({"repo_path": ".", "files": ["b.txt"]}, ctx)
             assert "staged" in committed.lower()
             assert (await sandbox.exec("git status --short", timeout=30)).stdout.strip() == "A  b.txt"
-        finally:
-            await session.aclose()
-            await sandbox.close()
-            await run.aclose()
-            await backend.aclose()
 
     asyncio.run(main())

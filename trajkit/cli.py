@@ -354,12 +354,16 @@ def distributions(ctx: click.Context, config_path: Path | None, as_json: bool, m
     if markdown:
         click.echo(markdown_table(host), nl=False)
         return
+    print_distributions(host, configure_from_file(host, config_path), as_json)
+
+
+def configure_from_file(host: PluginHost, config_path: Path | None) -> RunConfig:
+    """The configuration a listing command reads from its ``--config`` file (defaults without)."""
     try:
         given = read_config_file(config_path) if config_path else {}
     except ConfigFileError as exc:
         raise click.UsageError(str(exc)) from None
-    places = {key: f"{config_path}: {key}" for key in given}
-    print_distributions(host, configure(host, given, places), as_json)
+    return configure(host, given, {key: f"{config_path}: {key}" for key in given})
 
 
 @cli.command()
@@ -374,11 +378,7 @@ def distributions(ctx: click.Context, config_path: Path | None, as_json: bool, m
 def toolsets(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
     """List the toolsets a run could offer: each one's tools, and why one cannot be offered here."""
     host = load_host(ctx)
-    try:
-        given = read_config_file(config_path) if config_path else {}
-    except ConfigFileError as exc:
-        raise click.UsageError(str(exc)) from None
-    config = configure(host, given, {key: f"{config_path}: {key}" for key in given})
+    config = configure_from_file(host, config_path)
     for name, toolset in sorted(host.toolsets.items()):
         problem = toolset.problem(config.settings_of(toolset))
         tools = {tool.name: _first_sentence(tool.description) for tool in toolset.tools}
