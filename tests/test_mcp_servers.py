@@ -12,6 +12,7 @@ import logging
 import re
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -194,7 +195,12 @@ def test_a_hostile_shared_server_only_ever_gives_tool_errors(caplog: pytest.LogC
     assert sum("said its tool list changed" in w for w in warnings) == 1
 
 
+def server_directories() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("trajkit-mcp-*"))
+
+
 def test_mcp_server_time_shared_answers_and_reports_errors() -> None:
+    before = server_directories()
     host, config = configured({"time": {"command": TIME_SERVER, "mode": "shared"}})
     toolset = host.toolsets["mcp:time"]
     assert {tool.name for tool in toolset.tools} == {"get_current_time", "convert_time"}
@@ -214,6 +220,7 @@ def test_mcp_server_time_shared_answers_and_reports_errors() -> None:
             await run.aclose()
 
     asyncio.run(main())
+    assert server_directories() <= before  # each server ran in an empty directory, removed after it
 
 
 def test_a_per_session_server_runs_in_its_own_sandbox_and_ends_with_it(

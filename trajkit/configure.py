@@ -69,7 +69,13 @@ class ConfigurationError(ValueError):
     """The given settings cannot make a run; the message names each place, key and problem."""
 
 
-def resolve(host: PluginHost, given: Mapping[str, Any], places: Mapping[str, str] | None = None) -> RunConfig:
+def resolve(
+    host: PluginHost,
+    given: Mapping[str, Any],
+    places: Mapping[str, str] | None = None,
+    *,
+    toolsets: bool = True,
+) -> RunConfig:
     """The run configuration for ``given`` settings.
 
     ``given`` holds core settings and model client settings by name and the plugin sections
@@ -118,6 +124,8 @@ def resolve(host: PluginHost, given: Mapping[str, Any], places: Mapping[str, str
         problems.append(describe_errors(exc, place, RunConfig, core))
     if problems:
         raise ConfigurationError("; ".join(problems))
+    if not toolsets:
+        return config
     from trajkit.tools import ToolsetError
 
     try:

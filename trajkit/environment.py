@@ -166,7 +166,7 @@ class Environment:
         }
         if policy.api_key is not None:
             given["api_key"] = policy.api_key
-        config = resolve(self.host, {"quiet": True, **given})
+        config = resolve(self.host, {"quiet": True, **given}, toolsets=False)  # its toolsets are open
         return self.host.model_client(config.model).from_config(config)
 
     async def rollout(

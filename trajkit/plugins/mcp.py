@@ -16,7 +16,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -140,7 +139,7 @@ def host_endpoint(name: str, server: McpServer) -> Endpoint:
         found = shutil.which(command)
         if found is None:
             raise ServerFailed(f"{command!r} is not a program on this machine's PATH")
-        return await HostPipe.start(found, server.args, env, cwd=tempfile.gettempdir())
+        return await HostPipe.start(found, server.args, env)
 
     return Endpoint(label, open_pipe=open_pipe, **_limits(server))
 

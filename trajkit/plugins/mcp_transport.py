@@ -16,6 +16,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -55,25 +57,36 @@ class HostPipe:
 
     dropped = 0
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, directory: str) -> None:
         self.process = process
+        self.directory = directory
 
     @classmethod
-    async def start(
-        cls, command: str, args: Sequence[str], env: Mapping[str, str], cwd: str | None
-    ) -> HostPipe:
+    async def start(cls, command: str, args: Sequence[str], env: Mapping[str, str]) -> HostPipe:
+        """``command`` in an empty directory of its own, removed when it is closed."""
         inherited = {key: os.environ[key] for key in HOST_ENVIRONMENT if key in os.environ}
-        process = await asyncio.create_subprocess_exec(
+        cwd = tempfile.mkdtemp(prefix="trajkit-mcp-")
+        try:
+            process = await cls._spawn(command, args, {**inherited, **env}, cwd)
+        except BaseException:
+            shutil.rmtree(cwd, ignore_errors=True)
+            raise
+        return cls(process, cwd)
+
+    @staticmethod
+    async def _spawn(
+        command: str, args: Sequence[str], env: Mapping[str, str], cwd: str
+    ) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
             command,
             *args,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
-            env={**inherited, **env},
+            env=dict(env),
             cwd=cwd,
             start_new_session=True,  # its own process group: closing kills what it started too
         )
-        return cls(process)
 
     async def read(self) -> bytes:
         assert self.process.stdout is not None
@@ -93,6 +106,7 @@ class HostPipe:
                 os.killpg(self.process.pid, 9)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.process.wait(), 10)
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class SandboxPipe:
