@@ -43,6 +43,7 @@ def mcp_config(path: Path, *, drawn: bool) -> Path:
         offered + "[mcp_servers.notes]\n"
         'command = "python3"\n'
         f'args = ["-c", {json.dumps(STDLIB_SERVER)}]\n'
+        'env = { NOTE_KEY = "${MCP_E2E_TOKEN}" }\n'
         "[mcp_servers.time]\n"
         f"command = {json.dumps(TIME_SERVER)}\n"
         'mode = "shared"\n'
@@ -50,9 +51,10 @@ def mcp_config(path: Path, *, drawn: bool) -> Path:
     return path
 
 
+TOKEN = "tok-e2e-never-recorded-4471"
 PROMPT = (
     'Write a note, list the files, then the time. [call:write_note {"name": "n.txt", "text": "hello"}] '
-    '[call:list_files {}] [call:get_current_time {"timezone": "UTC"}]'
+    '[call:list_files {}] [call:get_current_time {"timezone": "UTC"}] [call:environment {"name": "NOTE_KEY"}]'
 )
 
 
@@ -66,9 +68,11 @@ def run_with_mcp(
             "run", "--config", str(config), "--dataset_file", str(dataset), "--run_name", name,
             "--output_dir", str(tmp_path), "--model", "m", "--base_url", server.base_url,
             "--sandbox_option", f"local.root={sandbox_root}", "--sandbox_option", "docker.pull=never",
-            "--num_workers", "2", "--quiet",
+            "--num_workers", "2", "--quiet", env={"MCP_E2E_TOKEN": TOKEN}, timeout=600,
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    for path in (tmp_path / name).rglob("*"):  # the server got it; no file of the run holds it
+        assert not path.is_file() or TOKEN not in path.read_text(errors="replace"), path.name
     return tmp_path / name
 
 
@@ -78,7 +82,7 @@ def check_records(run_dir: Path, count: int) -> list[dict[str, Any]]:
     schemas = json.loads((run_dir / "tools.json").read_text())
     for record in records:
         assert sorted(record["toolsets_used"]) == ["mcp:notes", "mcp:time"]
-        for tool in ("write_note", "list_files", "get_current_time"):
+        for tool in ("write_note", "list_files", "get_current_time", "environment"):
             assert record["tool_stats"][tool] == {"count": 1, "success": 1, "failure": 0}, record[
                 "tool_stats"
             ]
@@ -87,9 +91,17 @@ def check_records(run_dir: Path, count: int) -> list[dict[str, Any]]:
         assert results[0] == "written"
         assert json.loads(results[1]) == ["n.txt"]  # the session's own sandbox: its note alone
         assert json.loads(results[2])["timezone"] == "UTC"
+        assert results[3] == "[REDACTED]"  # the server had the token, the record does not
         offered = schemas[record["tool_schemas_key"]]
         names = {schema["function"]["name"]: schema["function"] for schema in offered}
-        assert set(names) == {"write_note", "list_files", "environment", "get_current_time", "convert_time"}
+        assert set(names) == {
+            "write_note",
+            "list_files",
+            "environment",
+            "flood",
+            "get_current_time",
+            "convert_time",
+        }
         assert names["write_note"]["parameters"]["required"] == ["name", "text"]
     return records
 

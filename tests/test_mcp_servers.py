@@ -242,12 +242,16 @@ def test_a_per_session_server_runs_in_its_own_sandbox_and_ends_with_it(
     async def main() -> None:
         async with (
             local_session(toolset, config, host, sandbox_root, "a") as (a, first),
-            local_session(toolset, config, host, sandbox_root, "b") as (b, _),
+            local_session(toolset, config, host, sandbox_root, "b") as (b, second),
         ):
             await first.write_file("seen-by-a.txt", b"x")
             assert await tools["write_note"].run({"name": "note.txt", "text": "hi"}, a) == "written"
             assert json.loads(await tools["list_files"].run({}, a)) == ["note.txt", "seen-by-a.txt"]
+            first_calls = [tools["list_files"].run({}, b), tools["list_files"].run({}, b)]  # at once
+            assert [json.loads(listed) for listed in await asyncio.gather(*first_calls)] == [[], []]
             assert json.loads(await tools["list_files"].run({}, b)) == []  # another sandbox, another server
+            found = await second.exec("ps -eo args | grep -c '^python3 -c' || true", timeout=30)
+            assert found.stdout.strip() == "1"  # started once for both
             assert await tools["environment"].run({"name": "NOTE_KEY"}, a) == "key-from-the-environment"
             assert (
                 await tools["environment"].run({"name": "MCP_TEST_NOTE_KEY"}, a) == "None"

@@ -217,18 +217,22 @@ class ServerTools:
                 raise ToolError(f"{self.key} was not started for this run")
             return state.connection
         state = ctx.session.state.get(self.key)
-        if state is None:
-            connection = Connection(self.sandbox_endpoint(ctx))
-            state = ctx.session.state[self.key] = ServerState(connection)
-            ctx.session.on_close(connection.close)
-            try:
-                self.compare(await connection.open())
-            except ServerFailed as exc:
-                state.failure = str(exc)
-        assert isinstance(state, ServerState)
+        if state is None:  # the first call starts it; calls made meanwhile wait for it
+            state = ServerState(Connection(self.sandbox_endpoint(ctx)))
+            ctx.session.state[self.key] = state
+            ctx.session.on_close(state.connection.close)
+            state.opening = asyncio.ensure_future(self._first_open(state))
+        assert isinstance(state, ServerState) and state.opening is not None
+        await asyncio.shield(state.opening)
         if state.failure:
             raise ToolError(state.failure)
         return state.connection
+
+    async def _first_open(self, state: ServerState) -> None:
+        try:
+            self.compare(await state.connection.open())
+        except ServerFailed as exc:
+            state.failure = str(exc)
 
     def sandbox_endpoint(self, ctx: ToolContext) -> Endpoint:
         settings, sandbox = self.settings, ctx.sandbox
@@ -277,3 +281,4 @@ class ServerTools:
 class ServerState:
     connection: Connection
     failure: str = ""
+    opening: asyncio.Future[None] | None = None

@@ -56,9 +56,14 @@ class Connection:
         self._closing = asyncio.Event()
         self._traffic: Traffic | None = None
         self._dead = "its server ended"
+        self._lock = asyncio.Lock()
+        """Held while the server is started again: concurrent calls restart it once."""
+        self._generation = 0
+        """How many times the server was started."""
 
     async def open(self) -> list[Any]:
         """Start the server and list its tools; :class:`ServerFailed` if it cannot."""
+        self._generation += 1
         self._closing = asyncio.Event()
         ready: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._owner = asyncio.ensure_future(self._own(ready))
@@ -129,8 +134,8 @@ class Connection:
     async def call(self, name: str, arguments: dict[str, Any], timeout: float) -> Any:
         """The server's ``CallToolResult`` for ``name``; a :class:`ToolError` for any fault."""
         if not self.alive:
-            await self._reopen("it had ended before this call")
-        session = self._session
+            await self._restart(self._generation, "it had ended before this call")
+        session, generation = self._session, self._generation
         try:
             return await asyncio.wait_for(session.call_tool(name, arguments), timeout)
         except TimeoutError:
@@ -141,11 +146,18 @@ class Connection:
             await asyncio.sleep(0)  # let the owner see the streams end
             if self.alive and (self._traffic is not None or not _connection_lost(exc)):
                 raise ToolError(f"{self.endpoint.label}: {_reason(exc)}") from None
-            await self.close()
-            await self._reopen("it ended during this call")
+            await self._restart(generation, "it ended during this call")
             raise ToolError(
                 f"{self.endpoint.label} ended during this call and was started again (what it held is lost)"
             ) from None
+
+    async def _restart(self, generation: int, why: str) -> None:
+        """Start the server again, unless a concurrent call did since ``generation`` started."""
+        async with self._lock:
+            if self._generation != generation and self.alive:
+                return
+            await self.close()
+            await self._reopen(why)
 
     async def _reopen(self, why: str) -> None:
         if self.restarts <= 0:
