@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import shutil
 import sys
 import tempfile
@@ -304,7 +303,6 @@ def test_names_are_unique_across_toolsets() -> None:
         "notes_flood",
     }
     assert prefixed.tables["mcp_servers"]["clash"].prefix == "notes_"
-    assert re.match(r"^mcp:", "mcp:clash")
 
 
 class Greeter(StrictSettings):
