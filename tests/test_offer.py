@@ -20,6 +20,9 @@ from trajkit.offer import OfferError, listing, markdown_table
 from trajkit.offer import resolve as resolve_offer
 
 ROOT = Path(__file__).resolve().parent.parent
+WITHOUT_BROWSER = "trajkit.plugins.browser"
+"""Disabled in the tests of toolsets no installed plugin provides: the reference's distributions
+name ``browser``, and these tests stand for a machine where its plugin is not there."""
 
 # The reference agent's distributions, % inclusion per toolset (REFERENCE.md, section H).
 REFERENCE = """
@@ -112,7 +115,7 @@ def gated() -> PluginHost:
         trajkit_toolsets = staticmethod(hookimpl(namespace["trajkit_toolsets"]))
         trajkit_distributions = staticmethod(hookimpl(namespace["trajkit_distributions"]))
 
-    return load_plugins(entry_points=False, extra=[("gated", Plugin())])
+    return load_plugins(entry_points=False, extra=[("gated", Plugin())], blocked={WITHOUT_BROWSER})
 
 
 def offer_for(host: PluginHost, **given: Any) -> Any:
@@ -265,7 +268,7 @@ def test_the_readme_distributions_table_is_generated_from_the_code() -> None:
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    return plugin_env(tmp_path, "gated", GATED_PLUGIN)
+    return {**plugin_env(tmp_path, "gated", GATED_PLUGIN), "TRAJKIT_DISABLE_PLUGINS": WITHOUT_BROWSER}
 
 
 def run(tmp_path: Path, env: dict[str, str], *flags: str, rows: int = 12) -> tuple[int, str]:

@@ -49,6 +49,7 @@ DEFAULT_PLUGINS = (
     "trajkit.plugins.web",
     "trajkit.plugins.search_providers",
     "trajkit.plugins.vision",
+    "trajkit.plugins.browser",
     "trajkit.plugins.image_gen",
     "trajkit.plugins.mcp",
     "trajkit.plugins.distributions",

@@ -2,7 +2,8 @@
 
 It behaves like a careful agent with whatever tools it is offered: it writes a file, runs a
 command, reads the result back, searches the web and reads a page it found (or one the prompt
-names), generates an image and looks at it (or at an image the prompt names), then answers,
+names), opens a page the prompt names in the browser and tries each browser tool on it,
+generates an image and looks at it (or at an image the prompt names), then answers,
 reasoning at every step. Asked about an image itself (as ``vision_analyze`` asks its model), it
 describes the image's format and size. It needs no network and no key, though the web tools it
 calls reach theirs. The same policy serves the project's HTTP test server, so offline and online
@@ -67,7 +68,8 @@ def _plan(task: str, tools: set[str], since: Sequence[Message] = ()) -> list[Ste
     """(reasoning, tool, arguments) for each step the policy takes with these tools; a step that
     needs an earlier step's result comes after it, and is left out when that result lacks what
     it needs (so the steps already taken never move)."""
-    return _local_steps(task, tools) + _web_steps(task, tools, _results(since))
+    results = _results(since)
+    return _local_steps(task, tools) + _web_steps(task, tools, results) + _browser_steps(task, tools, results)
 
 
 def _local_steps(task: str, tools: set[str]) -> list[Step]:
@@ -174,12 +176,52 @@ def _web_steps(task: str, tools: set[str], results: dict[str, list[str]]) -> lis
     return steps
 
 
-def _path(result: str) -> str | None:
+REF = re.compile(r'- (textbox|link|button) "[^"\n]*"[^\n]*\[ref=((?:f\d+)?e\d+)\]')
+
+
+def _browser_steps(task: str, tools: set[str], results: dict[str, list[str]]) -> list[Step]:
+    """Open the page the prompt names, read it, fill its first field, follow its first link, and
+    try every other browser tool on the way."""
+    named = [url for url in URL.findall(task) if not IMAGE.fullmatch(url)]
+    if "browser_navigate" not in tools or not named:
+        return []
+    steps: list[Step] = [("Let me open the page in the browser.", "browser_navigate", {"url": named[0]})]
+    steps.append(("I'll read the whole page.", "browser_snapshot", {"full": True}))
+    found: dict[str, str] = {}
+    for result in results.get("browser_snapshot", [])[:1]:
+        for role, ref in REF.findall(_field(result, "snapshot")):
+            found.setdefault(role, ref)
+    if "textbox" in found:
+        steps.append(
+            ("I'll fill in the field.", "browser_type", {"ref": found["textbox"], "text": "trajkit"})
+        )
+    if "link" in found:
+        steps.append(("Let me follow the first link.", "browser_click", {"ref": found["link"]}))
+    steps += [
+        ("Let me scroll down to see more.", "browser_scroll", {"direction": "down"}),
+        ("I'll go back to the first page.", "browser_back", {}),
+        ("Moving focus to the next field.", "browser_press", {"key": "Tab"}),
+        ("Let me list the page's images.", "browser_get_images", {}),
+        ("I'll check the console.", "browser_console", {"expression": "document.title"}),
+        (
+            "Let me look at the page itself.",
+            "browser_vision",
+            {"question": "What does this page show?", "annotate": True},
+        ),
+    ]
+    return steps
+
+
+def _field(result: str, key: str) -> str:
     try:
-        path = json.loads(result).get("path")
+        value = json.loads(result).get(key)
     except (ValueError, AttributeError):
-        return None
-    return path if isinstance(path, str) else None
+        return ""
+    return value if isinstance(value, str) else ""
+
+
+def _path(result: str) -> str | None:
+    return _field(result, "path") or None
 
 
 def _image_parts(messages: list[Message]) -> list[str] | None:

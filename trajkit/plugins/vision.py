@@ -94,26 +94,59 @@ class VisionToolset(Toolset):
 
     async def start(self, run: ToolRun) -> None:
         settings: VisionSettings = run.settings_of(self)
-        problem = self.problem(settings)
-        if problem or run.config is None:
-            raise ToolsetError(f"vision: {problem or 'needs the run configuration'}")
-        if run.plugins is None:
-            from trajkit.manager import load_plugins
-
-            run.plugins = load_plugins()
-        model = settings.model or run.config.model
-        try:
-            cls = run.plugins.model_client(model)
-            client = cls.from_config(client_config(run.config, cls, settings, model))
-            await client.check()
-        except (ModelError, ValueError, RuntimeError) as exc:
-            raise ToolsetError(f"vision: {exc}") from None
+        client = await vision_client(run, settings)
         from trajkit.plugins.web_pages import page_fetcher
 
         images = page_fetcher(web_settings(run.config), max_bytes=settings.max_image_bytes)
         vision = VisionRun(settings, client, images)
         run.resources[self.name] = vision
         run.on_close(vision.aclose)
+
+
+async def vision_client(run: ToolRun, settings: VisionSettings) -> ModelClient:
+    """The model client that answers vision questions in this run (``vision_analyze``'s, and
+    ``browser_vision``'s), checked; :class:`ToolsetError` saying what is wrong."""
+    if problem := VISION.problem(settings):
+        raise ToolsetError(f"vision: {problem}")
+    if run.config is None:
+        raise ToolsetError("vision: needs the run configuration")
+    if run.plugins is None:
+        from trajkit.manager import load_plugins
+
+        run.plugins = load_plugins()
+    model = settings.model or run.config.model
+    try:
+        cls = run.plugins.model_client(model)
+        client = cls.from_config(client_config(run.config, cls, settings, model))
+        await client.check()
+    except (ModelError, ValueError, RuntimeError) as exc:
+        raise ToolsetError(f"vision: {exc}") from None
+    return client
+
+
+def vision_settings(config: RunConfig | None) -> VisionSettings:
+    """The run's ``vision`` settings (the browser's screenshots go to the same model)."""
+    found = config.toolset_options.get("vision") if config is not None else None
+    return found if isinstance(found, VisionSettings) else VisionSettings()
+
+
+async def ask_about_image(client: ModelClient, data: bytes, kind: str, question: str, max_tokens: int) -> str:
+    """The vision model's answer to ``question`` about an image; :class:`ToolError` when it fails."""
+    encoded = base64.b64encode(data).decode()
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": question},
+            {"type": "image_url", "image_url": {"url": f"data:{kind};base64,{encoded}"}},
+        ],
+    }
+    try:
+        reply = await client.complete([message], [], {"max_tokens": max_tokens})
+    except ModelError as exc:
+        raise ToolError(f"the vision model failed: {exc}") from None
+    if not reply.content:
+        raise ToolError("the vision model gave no answer")
+    return reply.content
 
 
 def client_config(
@@ -143,22 +176,8 @@ async def vision_analyze(args: dict[str, Any], ctx: ToolContext) -> str:
     kind = image_type(data)
     if kind is None:
         raise ToolError(f"{source} is not a PNG, JPEG, GIF or WebP image")
-    encoded = base64.b64encode(data).decode()
-    message = {
-        "role": "user",
-        "content": [
-            {"type": "text", "text": question},
-            {"type": "image_url", "image_url": {"url": f"data:{kind[0]};base64,{encoded}"}},
-        ],
-    }
-    params = {"max_tokens": vision.settings.max_tokens}
-    try:
-        reply = await vision.client.complete([message], [], params)
-    except ModelError as exc:
-        raise ToolError(f"the vision model failed: {exc}") from None
-    if not reply.content:
-        raise ToolError("the vision model gave no answer")
-    return json.dumps({"image_url": source, "analysis": reply.content}, ensure_ascii=False)
+    analysis = await ask_about_image(vision.client, data, kind[0], question, vision.settings.max_tokens)
+    return json.dumps({"image_url": source, "analysis": analysis}, ensure_ascii=False)
 
 
 async def load_image(source: str, ctx: ToolContext, images: Fetcher, limit: int) -> bytes:
