@@ -21,7 +21,7 @@ from trajkit.plugins.browser_page import in_viewport
 from trajkit.plugins.local_sandbox import LocalBackend
 from trajkit.sandbox import SandboxSpec
 from trajkit.testing.engines import need_engine
-from trajkit.tools import ToolContext, ToolError, ToolSession, close_session, open_toolsets
+from trajkit.tools import ToolContext, ToolError, ToolSession, close_session, open_toolsets, schemas_markdown
 
 PAGES = Path(__file__).parent / "data" / "browser_pages"
 PIXEL = bytes.fromhex(
@@ -280,7 +280,7 @@ async def test_sessions_get_contexts_of_their_own_and_wait_for_a_free_one(tmp_pa
 async def test_the_window_size_the_text_cap_the_image_list_and_the_wait_for_an_element(
     tmp_path: Path,
 ) -> None:
-    settings = {"viewport_width": 400, "viewport_height": 300, "snapshot_chars": 600, "max_images": 1}
+    settings = {"viewport_width": 400, "viewport_height": 300, "snapshot_bytes": 600, "max_images": 1}
     async with browsing(tmp_path, action_timeout=1, **settings) as (url, ctx):
         opened = await call(ctx, "browser_navigate", url=f"{url}/long")
         size = await call(ctx, "browser_console", expression="[innerWidth, innerHeight]")
@@ -298,4 +298,12 @@ def test_a_missing_browser_is_said_with_what_to_do() -> None:
     assert problem == (
         "no Chromium at /nonexistent/chrome: install it (apt-get install chromium) or pass"
         " --browser.executable_path PATH"
+    )
+
+
+def test_the_documented_schemas_are_the_tools_schemas() -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "browser.md").read_text()
+    generated = page[page.index("## Schemas\n") :].split("\n\n", 2)[2]
+    assert generated == schemas_markdown(browser.TOOLS), (
+        "stale: regenerate docs/browser.md's last section from trajkit.tools.schemas_markdown(browser.TOOLS)"
     )

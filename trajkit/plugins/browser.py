@@ -75,8 +75,8 @@ class BrowserSettings(StrictSettings):
     """Width of each session's window in CSS pixels."""
     viewport_height: int = Field(720, ge=200, le=4096)
     """Height of each session's window in CSS pixels."""
-    snapshot_chars: int = Field(12_000, ge=500)
-    """Characters of a page's text tree a result holds at most."""
+    snapshot_bytes: int = Field(12_000, ge=500)
+    """Bytes (UTF-8) of a page's text tree one result holds at most; the middle is cut first."""
     max_images: int = Field(50, ge=1)
     """Images browser_get_images lists at most."""
 
@@ -171,7 +171,7 @@ def _answer(session: BrowserSession, ctx: ToolContext, **fields: Any) -> str:
     text = fields.get("snapshot")
     if isinstance(text, str):
         fields["snapshot"] = cap_text(
-            text, min(session.settings.snapshot_chars, max(ctx.output_cap - 2048, 500))
+            text, min(session.settings.snapshot_bytes, max(ctx.output_cap - 2048, 500))
         )
     return cap_text(json.dumps({**fields, **session.events()}, ensure_ascii=False), ctx.output_cap)
 
