@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -307,3 +309,60 @@ def test_the_documented_schemas_are_the_tools_schemas() -> None:
     assert generated == schemas_markdown(browser.TOOLS), (
         "stale: regenerate docs/browser.md's last section from trajkit.tools.schemas_markdown(browser.TOOLS)"
     )
+
+
+def browser_processes() -> list[int]:
+    """The main Chromium processes this test process started (through Playwright's driver)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    found = []
+    for pid in parents:
+        with contextlib.suppress(OSError):
+            command = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+            if (
+                ours(pid)
+                and b"--remote-debugging-pipe" in command
+                and not any(a.startswith(b"--type=") for a in command)
+            ):
+                found.append(pid)
+    return found
+
+
+async def test_a_browser_that_dies_or_hangs_is_a_tool_error_and_the_next_call_gets_a_fresh_one(
+    tmp_path: Path,
+) -> None:
+    async with browsing(tmp_path, navigation_timeout=2, action_timeout=1) as (url, ctx):
+        await call(ctx, "browser_navigate", url=f"{url}/form")
+        [first] = browser_processes()
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(ToolError, match="the browser stopped; the next browser call starts a fresh one"):
+            for _ in range(50):
+                await call(ctx, "browser_snapshot")
+                await asyncio.sleep(0.1)
+        assert (await call(ctx, "browser_navigate", url=f"{url}/form"))["status"] == 200
+        [second] = browser_processes()
+        assert second != first
+        os.kill(second, signal.SIGSTOP)  # the browser stops answering
+        try:
+            with pytest.raises(ToolError, match=r"did not finish loading within 2s|did not answer within 3s"):
+                await call(ctx, "browser_navigate", url=f"{url}/links")
+        finally:
+            os.kill(second, signal.SIGCONT)
+        await asyncio.sleep(1)  # the navigation that timed out finishes
+        assert (await call(ctx, "browser_navigate", url=f"{url}/links"))["title"] == "Links"
+        # a script that never returns: nothing in the browser times it out but the call's limit
+        with pytest.raises(ToolError, match=r"the browser did not answer within 3s; it was closed"):
+            await call(ctx, "browser_console", expression="while (true) {}")
+        assert (await call(ctx, "browser_navigate", url=f"{url}/links"))["title"] == "Links"
+        assert ctx.session.run.resources["browser"].pool.launched == 3  # the hung one takes no more

@@ -163,7 +163,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Exported:
     with OpenAITestServer(policy_for(ShapesPolicy()), models={"test-model"}) as server:
         result = trajkit(
             "run", "--dataset_file", str(dataset), "--run_name", "t", "--output_dir", str(tmp / "data"),
-            "--distribution", "balanced", "--disabled_toolsets", "web,vision", "--num_workers", "6", "--quiet",
+            "--distribution", "balanced", "--disabled_toolsets", "web,vision,browser", "--num_workers", "6", "--quiet",
             "--model", "test-model", "--base_url", server.base_url,
         )  # fmt: skip
     assert result.returncode == 0, result.stderr

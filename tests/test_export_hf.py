@@ -42,7 +42,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dataset = write_jsonl(tmp / "prompts.jsonl", rows)
     result = trajkit(
         "run", "--dataset_file", str(dataset), "--run_name", "hf", "--output_dir", str(tmp / "data"),
-        "--distribution", "balanced", "--disabled_toolsets", "web,vision", "--model", "scripted", "--quiet", "--writer", "sharegpt", "--writer", "openai",
+        "--distribution", "balanced", "--disabled_toolsets", "web,vision,browser", "--model", "scripted", "--quiet", "--writer", "sharegpt", "--writer", "openai",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return tmp / "data" / "hf"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trajkit.library import Agent
+from trajkit.plugins import browser
 from trajkit.testing.openai_server import OpenAITestServer, tool_script_policy
 
 
@@ -19,11 +20,11 @@ def test_chat_uses_only_the_enabled_toolsets() -> None:
 
 
 def test_disabled_toolsets_and_unknown_names() -> None:
-    agent = Agent(disabled_toolsets=["terminal", "code"])
+    agent = Agent(disabled_toolsets=["terminal", "code", "browser"])
     # web (no search provider) and image_gen (no endpoint) cannot be offered as configured
     assert sorted(agent.tools) == ["patch", "read_file", "search_files", "vision_analyze", "write_file"]
-    with pytest.raises(ValueError, match="no installed plugin provides toolset 'browser'"):
-        Agent(enabled_toolsets=["browser"])
+    with pytest.raises(ValueError, match="no installed plugin provides toolset 'spreadsheet'"):
+        Agent(enabled_toolsets=["spreadsheet"])
     with pytest.raises(ValueError, match=r"toolset 'fiel' \(did you mean file\?\)"):
         Agent(disabled_toolsets=["fiel"])
     assert sorted(Agent(enabled_toolsets=["file", "code"], disabled_toolsets=["code"]).tools) == [
@@ -35,8 +36,8 @@ def test_disabled_toolsets_and_unknown_names() -> None:
 
 
 def test_a_distribution_is_drawn_per_conversation_over_what_can_be_offered() -> None:
-    """The library takes the run's distribution setting like any other; toolsets another package
-    provides are left out of its draw as in a run."""
+    """The library takes the run's distribution setting like any other; toolsets that cannot be
+    offered here are left out of its draw as in a run."""
     with pytest.raises(ValueError, match=r"no search provider is set: pass --web\.search_provider NAME"):
         Agent(distribution="development")  # it draws web, which cannot run without a provider
     searching = {"toolset_options": {"web": {"search_provider": "searxng"}}}
@@ -46,7 +47,8 @@ def test_a_distribution_is_drawn_per_conversation_over_what_can_be_offered() -> 
     assert sorted(toolset.name for toolset in agent.toolsets) == ["file", "terminal", "vision", "web"]
     assert not agent.offer.left_out
     mixed = Agent(distribution="mixed_tasks", **searching)
-    assert mixed.offer.left_out.keys() == {"browser", "image_gen"}  # not installed; no images endpoint
+    no_browser = browser.BROWSER.problem(browser.BrowserSettings()) is not None  # no Chromium here
+    assert mixed.offer.left_out.keys() == {"image_gen"} | ({"browser"} if no_browser else set())
     with pytest.raises(ValueError, match="pass one of them"):
         Agent(distribution="development", enabled_toolsets=["file"])
 

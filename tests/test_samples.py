@@ -34,7 +34,7 @@ def run_args(dataset: Path, out: Path, server: OpenAITestServer, *extra: str) ->
     return [
         "run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(out),
         "--model", "m", "--base_url", server.base_url, "--num_workers", "4", "--batch_size", "5",
-        "--distribution", "balanced", "--disabled_toolsets", "web,vision", "--quiet", *extra,
+        "--distribution", "balanced", "--disabled_toolsets", "web,vision,browser", "--quiet", *extra,
     ]  # fmt: skip
 
 

@@ -111,7 +111,7 @@ def run_trajkit(tmp: Path, *model_flags: str) -> Path:
     dataset = write_jsonl(tmp / "prompts.jsonl", [*dataset_rows()])
     result = trajkit(
         "run", "--dataset_file", str(dataset), "--run_name", "writers", "--output_dir", str(tmp / "data"),
-        "--distribution", "balanced", "--disabled_toolsets", "web,vision", "--num_workers", "6", "--quiet", *model_flags, *WRITER_FLAGS,
+        "--distribution", "balanced", "--disabled_toolsets", "web,vision,browser", "--num_workers", "6", "--quiet", *model_flags, *WRITER_FLAGS,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return tmp / "data" / "writers"

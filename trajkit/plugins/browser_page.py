@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from trajkit.plugins.browser import BrowserSettings
     from trajkit.plugins.browser_pool import BrowserPool, Lease
 
+OPEN_TIMEOUT = 60.0
+"""Seconds starting a browser (when one is needed), opening a context or a page may take."""
+
 T = TypeVar("T")
 
 REF = re.compile(r"(?:f\d+)?e\d+")
@@ -80,8 +83,8 @@ class BrowserSession:
 
         limit = self.settings.navigation_timeout + self.settings.action_timeout
         try:
+            page = await self._page()  # waiting for a context is not the call's time
             async with asyncio.timeout(limit):
-                page = await self._page()
                 return await action(page)
         except PlaywrightTimeout as exc:
             raise ToolError(_first_line(exc.message)) from None
@@ -112,7 +115,12 @@ class BrowserSession:
             self.lease.context.on("page", self._opened)
         if self.page is None or self.page.is_closed():
             self.crashed = False
-            self.page = await self.lease.context.new_page()
+            try:
+                async with asyncio.timeout(OPEN_TIMEOUT):
+                    self.page = await self.lease.context.new_page()
+            except TimeoutError:
+                await self._abandon()
+                raise ToolError(f"the browser did not open a page within {OPEN_TIMEOUT:g}s") from None
         return self.page
 
     def _opened(self, page: Page) -> None:

@@ -18,8 +18,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trajkit.plugins.browser_page import OPEN_TIMEOUT
 from trajkit.plugins.browser_proxy import FilteringProxy, Gate
-from trajkit.tools import ToolsetError
+from trajkit.tools import ToolError
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, BrowserContext, Playwright
@@ -39,7 +40,7 @@ CHROMIUM_ARGS = (
     "--disable-dev-shm-usage",
 )
 """Chromium's own traffic kept to a minimum (what is left is refused by the proxy's launch port)."""
-CLOSE_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 5.0
 """Seconds a context or a browser gets to close before it is given up on."""
 
 
@@ -81,22 +82,29 @@ class BrowserPool:
         await self.proxy.start()
 
     async def lease(self) -> Lease:
-        """A new context for a session, once the run has a free slot; :class:`ToolsetError` when
-        no browser can be started."""
+        """A new context for a session, once the run has a free slot (waiting for one is not
+        limited); :class:`ToolError` when no browser can be started or opened in time."""
         await self._slots.acquire()
         try:
-            chromium = await self._chromium()
-            gate = await self.proxy.open_gate()
-            try:
-                context = await chromium.browser.new_context(
-                    proxy={"server": gate.server, "bypass": "<-loopback>"},
-                    accept_downloads=False,
-                    service_workers="block",
-                    viewport={"width": self.settings.viewport_width, "height": self.settings.viewport_height},
-                )
-            except BaseException:
-                await self.proxy.close_gate(gate)
-                raise
+            async with asyncio.timeout(OPEN_TIMEOUT):
+                chromium = await self._chromium()
+                gate = await self.proxy.open_gate()
+                try:
+                    context = await chromium.browser.new_context(
+                        proxy={"server": gate.server, "bypass": "<-loopback>"},
+                        accept_downloads=False,
+                        service_workers="block",
+                        viewport={
+                            "width": self.settings.viewport_width,
+                            "height": self.settings.viewport_height,
+                        },
+                    )
+                except BaseException:
+                    await self.proxy.close_gate(gate)
+                    raise
+        except TimeoutError:
+            self._slots.release()
+            raise ToolError(f"the browser did not open a window within {OPEN_TIMEOUT:g}s") from None
         except BaseException:
             self._slots.release()
             raise
@@ -153,7 +161,7 @@ class BrowserPool:
                 timeout=60_000,
             )
         except Error as exc:
-            raise ToolsetError(f"browser: Chromium could not start: {exc.message.splitlines()[0]}") from None
+            raise ToolError(f"the browser could not start: {exc.message.splitlines()[0]}") from None
         self.launched += 1
         return browser
 
