@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bench import (
     atropos,
+    browser_sessions,
     chat_templates,
     cold_start,
     compare_scale,
@@ -33,6 +34,7 @@ BENCHMARKS = {
     "compare_scale": compare_scale.main,
     "file_tools": file_tools.main,
     "atropos": atropos.main,
+    "browser_sessions": browser_sessions.main,
 }
 
 

@@ -29,6 +29,7 @@ PAGES = {
     "<button>Send</button></form><p>{filler}</p>",
 }
 FILLER = "Lorem ipsum dolor sit amet. " * 40
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def serve(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -62,8 +63,8 @@ def serve(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("the page server did not start")
 
 
-def browser_pss() -> int:
-    """Bytes of PSS of this process's descendants (the browsers and Playwright's driver)."""
+def descendants() -> list[int]:
+    """The processes this one started, and theirs (the browsers and Playwright's driver)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -72,15 +73,25 @@ def browser_pss() -> int:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry))
-    total, stack = 0, list(children.get(os.getpid(), []))
+    found, stack = [], list(children.get(os.getpid(), []))
     while stack:
         pid = stack.pop()
+        found.append(pid)
         stack.extend(children.get(pid, []))
+    return found
+
+
+def browser_usage(cpu: dict[int, float]) -> int:
+    """Bytes of PSS of this process's descendants; their CPU seconds so far recorded in ``cpu``."""
+    total = 0
+    for pid in descendants():
         try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu[pid] = (int(fields[11]) + int(fields[12])) / CLK_TCK
             for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
                     total += int(line.split()[1]) * 1024
-        except OSError:
+        except (OSError, IndexError, ValueError):
             continue
     return total
 
@@ -140,22 +151,23 @@ async def measure(sessions: int, args: argparse.Namespace, url: str) -> dict[str
     timings: dict[str, list[float]] = {}
     errors: list[str] = []
     samples: list[tuple[int, int]] = []
+    cpu: dict[int, float] = {}
     done = asyncio.Event()
 
     async def sample() -> None:
         while not done.is_set():
-            pss = await asyncio.to_thread(browser_pss)
+            pss = await asyncio.to_thread(browser_usage, cpu)
             samples.append((pool.snapshot()["contexts"], pss))
             await asyncio.sleep(0.5)
 
     sampler = asyncio.ensure_future(sample())
-    started = time.perf_counter()
+    started, own = time.perf_counter(), time.process_time()
     try:
         await asyncio.gather(
             *(one_session(run, f"http://{url}", args.think, timings, errors) for _ in range(sessions))
         )
     finally:
-        wall = time.perf_counter() - started
+        wall, own = time.perf_counter() - started, time.process_time() - own
         done.set()
         await sampler
         launched = pool.launched
@@ -168,6 +180,8 @@ async def measure(sessions: int, args: argparse.Namespace, url: str) -> dict[str
         "wall_s": round(wall, 1),
         "sessions_per_min": round(sessions / wall * 60, 1),
         "browsers_launched": launched,
+        "cpu_s": {"runner": round(own, 1), "browsers_and_driver": round(sum(cpu.values()), 1)},
+        "load_average": os.getloadavg(),
         "errors": len(errors),
         "first_errors": errors[:5],
         "latency_s": {
@@ -206,7 +220,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--browsers", type=int, default=2, help="--browser.browsers (default 2)")
     parser.add_argument("--think", type=float, default=1.0, help="seconds between a session's calls")
     parser.add_argument("--json", type=Path, help="write the results to this file")
+    parser.add_argument("--source", type=Path, help="import trajkit from this directory (another checkout)")
     args = parser.parse_args(argv)
+    if args.source:
+        sys.path.insert(0, str(args.source.resolve()))
     results = []
     with tempfile.TemporaryDirectory(prefix="trajkit-bench-pages-") as pages:
         for name, text in PAGES.items():

@@ -79,6 +79,9 @@ class BrowserSettings(StrictSettings):
     """Bytes (UTF-8) of a page's text tree one result holds at most; the middle is cut first."""
     max_images: int = Field(50, ge=1)
     """Images browser_get_images lists at most."""
+    connections_per_host: int = Field(16, ge=1)
+    """Plain-http connections the proxy keeps open to one host at once, across the run's sessions
+    (further requests wait their turn)."""
 
 
 def chromium_path(settings: BrowserSettings) -> str | None:

@@ -70,7 +70,11 @@ class Lease:
 class BrowserPool:
     def __init__(self, settings: BrowserSettings, policy: NetworkPolicy) -> None:
         self.settings = settings
-        self.proxy = FilteringProxy(policy, connect_timeout=min(settings.navigation_timeout, 15.0))
+        self.proxy = FilteringProxy(
+            policy,
+            connect_timeout=min(settings.navigation_timeout, 15.0),
+            connections_per_host=settings.connections_per_host,
+        )
         self._slots = asyncio.Semaphore(settings.max_contexts)
         self._launch = asyncio.Lock()
         self._chromiums: list[Chromium] = []

@@ -78,9 +78,12 @@ class FilteringProxy:
     """An HTTP/CONNECT proxy on loopback applying ``policy`` to every request; open it inside the
     event loop that uses it, close it with :meth:`aclose`."""
 
-    def __init__(self, policy: NetworkPolicy, *, connect_timeout: float = 15.0) -> None:
+    def __init__(
+        self, policy: NetworkPolicy, *, connect_timeout: float = 15.0, connections_per_host: int = 16
+    ) -> None:
         self.policy = policy
         self.connect_timeout = connect_timeout
+        self.connections_per_host = connections_per_host
         self.background: Gate | None = None
         """The port given at launch: the browser's own traffic, all refused."""
         self._gates: set[Gate] = set()
@@ -92,7 +95,9 @@ class FilteringProxy:
         import aiohttp
 
         resolver: Any = self._resolver  # aiohttp's resolver interface, without importing it at load
-        connector = aiohttp.TCPConnector(resolver=resolver, limit=0, limit_per_host=8, ttl_dns_cache=30)
+        connector = aiohttp.TCPConnector(
+            resolver=resolver, limit=0, limit_per_host=self.connections_per_host, ttl_dns_cache=30
+        )
         self._client = aiohttp.ClientSession(
             connector=connector,
             cookie_jar=aiohttp.DummyCookieJar(),  # the browser keeps each context's cookies
@@ -144,7 +149,8 @@ class FilteringProxy:
             return web.Response(status=400, text="a proxy request names an absolute http:// URL")
         shown = public(str(url))
         if gate.refuse_all:
-            return _refusal(f"{shown}: the browser's own traffic is not let through")
+            gate.refused(f"{shown}: the browser's own traffic is not let through")
+            return _refusal(gate.refusals[-1])
         try:
             self.policy.check_host(url.raw_host or "", url.port or 80)
             return await self._forward(request, str(url))
@@ -206,7 +212,8 @@ class FilteringProxy:
             return _status(400, "CONNECT needs host:port"), None
         host, port = host.strip("[]"), int(port_text)
         if gate.refuse_all:
-            return _status(403, f"{target}: the browser's own traffic is not let through"), None
+            gate.refused(f"{target}: the browser's own traffic is not let through")
+            return _status(403, gate.refusals[-1]), None
         try:
             self.policy.check_host(host, port)
             found = await self._resolver.resolve(host, port)
