@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
+from tests.test_browser_tools import loopback
 from trajkit.network import NetworkPolicy
 from trajkit.plugins.browser_proxy import FilteringProxy
 
@@ -27,15 +28,8 @@ async def upstream() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/", hello)
     app.router.add_get("/away", away)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with loopback(app) as host:
+        yield host
 
 
 @contextlib.asynccontextmanager

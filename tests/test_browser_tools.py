@@ -90,13 +90,22 @@ async def site() -> AsyncIterator[str]:
     app.router.add_get("/pixel.png", pixel)
     app.router.add_post("/signed", signed)
     app.router.add_get("/{name:[a-z]*}", page)
+    async with loopback(app) as host:
+        yield f"http://{host}"
+
+
+@contextlib.asynccontextmanager
+async def loopback(app: Any) -> AsyncIterator[str]:
+    """``app`` (an aiohttp application) served on a loopback port: ``127.0.0.1:PORT``."""
+    from aiohttp import web
+
     runner = web.AppRunner(app, shutdown_timeout=0.5)
     await runner.setup()
     server = web.TCPSite(runner, "127.0.0.1", 0)
     await server.start()
     port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}"
     finally:
         await runner.cleanup()
 
