@@ -157,7 +157,7 @@ async def measure(sessions: int, args: argparse.Namespace, url: str) -> dict[str
     async def sample() -> None:
         while not done.is_set():
             pss = await asyncio.to_thread(browser_usage, cpu)
-            samples.append((pool.snapshot()["contexts"], pss))
+            samples.append((pool.usage()["contexts"], pss))
             await asyncio.sleep(0.5)
 
     sampler = asyncio.ensure_future(sample())

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install Debian's headless-capable Chromium (plus its driver and a font) for the browser tests of
-# `trajkit report`. Idempotent: packages already installed are left alone and no network is used.
+# Install Debian's headless-capable Chromium (plus its driver and a font): the browser the `browser`
+# toolset drives through Playwright, and the one the browser tests of `trajkit report` use.
+# Idempotent: packages already installed are left alone and no network is used.
 #
 #   bash scripts/install-chromium.sh
 #

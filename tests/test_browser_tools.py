@@ -299,7 +299,7 @@ async def test_sessions_get_contexts_of_their_own_and_wait_for_a_free_one(tmp_pa
         await other.session.aclose()
         third = ToolContext(ctx.sandbox, session=ToolSession(ctx.session.run))
         await call(third, "browser_navigate", url=f"{url}/form")
-        assert pool.snapshot() == {"browsers": 1, "contexts": 1, "launched": 2}  # recycled after 2
+        assert pool.usage() == {"browsers": 1, "contexts": 1, "launched": 2}  # recycled after 2
         await third.session.aclose()
 
 

@@ -47,6 +47,8 @@ INTERACTIVE = frozenset(
 """Roles whose refs ``browser_vision`` draws on the screenshot when asked to annotate."""
 KEPT_CONSOLE = 200
 """Console messages a session keeps until ``browser_console`` reads them (the latest ones)."""
+KEPT_DIALOGS = 20
+"""Dialogs a session keeps until its next result reports them (the latest ones)."""
 MESSAGE_CHARS = 2000
 """Characters of one console message or dialog text kept."""
 
@@ -148,7 +150,7 @@ class BrowserSession:
         """Dialogs are answered at once (accepted; a prompt with its default) and reported with
         the next result, so no page waits on one."""
         self.dialogs.append({"type": dialog.type, "message": dialog.message[:MESSAGE_CHARS]})
-        del self.dialogs[: -self.settings.max_pages * 4]
+        del self.dialogs[:-KEPT_DIALOGS]
         with contextlib.suppress(Exception):  # the page went away first
             await dialog.accept()
 

@@ -189,7 +189,7 @@ class BrowserPool:
             self._playwright = None
         await self.proxy.aclose()
 
-    def snapshot(self) -> dict[str, Any]:
+    def usage(self) -> dict[str, Any]:
         """What is open now: processes and contexts (for benchmarks and logs)."""
         return {
             "browsers": sum(1 for c in self._chromiums if c.browser.is_connected()),
