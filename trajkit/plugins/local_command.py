@@ -13,6 +13,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Mapping
+from typing import Protocol
 
 from trajkit.sandbox import CappedBuffer
 
@@ -37,7 +38,60 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-class Command:
+class Sink(Protocol):
+    def feed(self, data: bytes) -> None: ...
+
+
+class PipeReader:
+    """Output pipes of a process, non-blocking, read by the event loop into their sinks as they
+    stream; done once the process has exited (:meth:`_finish_if_done`) and every pipe is closed."""
+
+    loop: asyncio.AbstractEventLoop
+    pipes: dict[int, Sink]
+    grace: asyncio.TimerHandle | None
+
+    def _read(self, fd: int) -> bool:
+        """Read what the pipe holds; False once there is nothing more for now."""
+        try:
+            data = os.read(fd, READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            data = b""
+        if data:
+            self.pipes[fd].feed(data)
+            return True
+        self._close_pipe(fd)
+        self._finish_if_done()
+        return False
+
+    def _drain(self) -> None:
+        """After the exit: what each pipe holds (at most READ_SIZE unless resized), then usually
+        EOF, so most commands finish here without another turn of the loop. A pipe still held open
+        (by a dying background child, or one that escaped the group) is closed on it after
+        :data:`ESCAPED_PIPE_GRACE`."""
+        for fd in list(self.pipes):
+            if self._read(fd):
+                self._read(fd)
+        if self.pipes:
+            self.grace = self.loop.call_later(ESCAPED_PIPE_GRACE, self._close_pipes)
+        self._finish_if_done()
+
+    def _close_pipe(self, fd: int) -> None:
+        self.loop.remove_reader(fd)
+        os.close(fd)
+        del self.pipes[fd]
+
+    def _close_pipes(self) -> None:
+        for fd in list(self.pipes):
+            self._close_pipe(fd)
+        self._finish_if_done()
+
+    def _finish_if_done(self) -> None:
+        raise NotImplementedError
+
+
+class Command(PipeReader):
     """One command run to its end, its output pipes and its exit watched by the event loop itself.
 
     The exit is a pidfd's readability, the output two non-blocking pipes read into capped buffers:
@@ -81,7 +135,7 @@ class Command:
             os.close(out_write)
             os.close(err_write)
         self.pid = self.proc.pid
-        self.pipes = {out_read: self.stdout, err_read: self.stderr}
+        self.pipes: dict[int, Sink] = {out_read: self.stdout, err_read: self.stderr}
         for fd in self.pipes:
             os.set_blocking(fd, False)
             self.loop.add_reader(fd, self._read, fd)
@@ -107,21 +161,6 @@ class Command:
         finally:
             timer.cancel()
 
-    def _read(self, fd: int) -> bool:
-        """Read what the pipe holds; False once there is nothing more for now."""
-        try:
-            data = os.read(fd, READ_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            data = b""
-        if data:
-            self.pipes[fd].feed(data)
-            return True
-        self._close_pipe(fd)
-        self._finish_if_done()
-        return False
-
     def _pidfd_ready(self, pidfd: int) -> None:
         self.loop.remove_reader(pidfd)
         os.close(pidfd)
@@ -136,29 +175,12 @@ class Command:
         self.returncode = self.proc.returncode = returncode
         # The command's own process group: background children die with it, always.
         kill_group(self.pid)
-        for fd in list(self.pipes):
-            # What the pipe holds (at most READ_SIZE unless resized), then usually EOF: most
-            # commands finish here, without another turn of the loop.
-            if self._read(fd):
-                self._read(fd)
-        if self.pipes:  # still held open, by a dying background child or one that left the group
-            self.grace = self.loop.call_later(ESCAPED_PIPE_GRACE, self._close_pipes)
-        self._finish_if_done()
+        self._drain()
 
     def _time_out(self) -> None:
         if self.returncode is None:
             self.timed_out = True
             kill_group(self.pid)
-
-    def _close_pipe(self, fd: int) -> None:
-        self.loop.remove_reader(fd)
-        os.close(fd)
-        del self.pipes[fd]
-
-    def _close_pipes(self) -> None:
-        for fd in list(self.pipes):
-            self._close_pipe(fd)
-        self._finish_if_done()
 
     def _finish_if_done(self) -> None:
         if self.returncode is not None and not self.pipes and not self.done.done():

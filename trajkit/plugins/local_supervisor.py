@@ -20,12 +20,11 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import Protocol
 
 from trajkit import shell
 from trajkit.plugins import bubblewrap
 from trajkit.plugins.bubblewrap import HostUser
-from trajkit.plugins.local_command import ESCAPED_PIPE_GRACE, READ_SIZE, pidfd_or_none
+from trajkit.plugins.local_command import READ_SIZE, PipeReader, Sink, pidfd_or_none
 from trajkit.sandbox import CappedBuffer, SandboxError
 
 START_TIMEOUT = 60.0
@@ -41,15 +40,11 @@ SCRIPT_VARIABLE = "TRAJKIT_SUPERVISOR"
 SUPERVISOR_LOST = "\n[the sandbox's processes were killed: its supervisor ended]\n"
 
 
-class Sink(Protocol):
-    def feed(self, data: bytes) -> None: ...
-
-
 def supervisor_script() -> str:
     return shell.script("trajkit.plugins", "supervisor.bash")
 
 
-class Job:
+class Job(PipeReader):
     """One command run by the supervisor: its output FIFOs read into capped buffers, its status.
 
     ``background`` jobs read their standard input from a FIFO the runner writes and get their
@@ -123,36 +118,7 @@ class Job:
             return
         self.status = status
         self.close_stdin()
-        for fd in list(self.pipes):
-            if self._read(fd):  # what the pipe holds, then usually EOF
-                self._read(fd)
-        if self.pipes:  # still held open by a process that escaped both the group and the mark
-            self.grace = self.loop.call_later(ESCAPED_PIPE_GRACE, self._close_pipes)
-        self._finish_if_done()
-
-    def _read(self, fd: int) -> bool:
-        try:
-            data = os.read(fd, READ_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            data = b""
-        if data:
-            self.pipes[fd].feed(data)
-            return True
-        self._close_pipe(fd)
-        self._finish_if_done()
-        return False
-
-    def _close_pipe(self, fd: int) -> None:
-        self.loop.remove_reader(fd)
-        os.close(fd)
-        del self.pipes[fd]
-
-    def _close_pipes(self) -> None:
-        for fd in list(self.pipes):
-            self._close_pipe(fd)
-        self._finish_if_done()
+        self._drain()
 
     def _finish_if_done(self) -> None:
         if self.status is None or self.pipes or self.done.done():
