@@ -101,7 +101,7 @@ async def one_session(
 ) -> None:
     import re
 
-    from trajkit.plugins.browser import TOOLS
+    from trajkit.plugins.browser.toolset import TOOLS
     from trajkit.tools import ToolContext, ToolError, ToolSession
 
     tools = {tool.name: tool.run for tool in TOOLS}
@@ -139,7 +139,7 @@ async def one_session(
 
 
 async def measure(sessions: int, args: argparse.Namespace, url: str) -> dict[str, Any]:
-    from trajkit.configure import resolve
+    from trajkit.config.resolve import resolve
     from trajkit.manager import load_plugins
     from trajkit.tools import open_toolsets
 

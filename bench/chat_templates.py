@@ -28,10 +28,10 @@ def import_seconds(statement: str, repeats: int = 3) -> float:
 
 
 def row_seconds(rows: int) -> float:
-    from trajkit.plugins.chat_templates.adapt import adapt
-    from trajkit.plugins.chat_templates.check import check_row
-    from trajkit.plugins.chat_templates.export import SAMPLE_TOOLS, fit_template, sample_record
-    from trajkit.plugins.chat_templates.source import load_chat_template
+    from trajkit.plugins.export.chat_templates.adapt import adapt
+    from trajkit.plugins.export.chat_templates.check import check_row
+    from trajkit.plugins.export.chat_templates.export import SAMPLE_TOOLS, fit_template, sample_record
+    from trajkit.plugins.export.chat_templates.source import load_chat_template
 
     template = load_chat_template(str(TEMPLATE))
     profile = fit_template(template, {}).profile

@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def generate(run_dir: Path, prompts: int, samples: int, skill: float, seed: int) -> None:
     """A run's ledger: each prompt's samples pass with a probability around ``skill``."""
-    from trajkit.dataset import DatasetRow
+    from trajkit.run.dataset import DatasetRow
 
     rng = random.Random(seed)
     parts = _template()

@@ -22,8 +22,8 @@ import tracemalloc
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from trajkit.plugins import file_tools
-from trajkit.plugins.local_sandbox import LocalBackend
+from trajkit.plugins.files import tools as file_tools
+from trajkit.plugins.local.sandbox import LocalBackend
 from trajkit.sandbox import SandboxSpec
 from trajkit.tools import ToolContext
 

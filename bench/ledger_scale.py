@@ -1,9 +1,9 @@
 """Figure 5: resume (scan + plan) and merge of a large ledger: time and peak memory.
 
-Generates N synthetic trajectory records (the fields of trajkit.records.TrajectoryRecord, nine
+Generates N synthetic trajectory records (the fields of trajkit.record.trajectory.TrajectoryRecord, nine
 turns each) in ``batch_N.jsonl`` files plus the dataset of their N prompts, then measures, each in
-a fresh subprocess: planning a resume (read the dataset, ``trajkit.ledger.scan``,
-``trajkit.ledger.assign``), the merge (``trajkit.finalize.finalize`` with the sharegpt writer and
+a fresh subprocess: planning a resume (read the dataset, ``trajkit.run.ledger.scan``,
+``trajkit.run.ledger.assign``), the merge (``trajkit.run.finalize.finalize`` with the sharegpt writer and
 the default filters), and ``trajkit run --resume`` on the finished run end to end. Memory per
 record at two sizes shows what grows with the ledger. Generated data is deleted afterwards.
 
@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _template() -> list[str]:
     """A record as JSON text cut at the sentinels, validated against TrajectoryRecord."""
-    from trajkit.records import TrajectoryRecord
+    from trajkit.record.trajectory import TrajectoryRecord
 
     def turn(kind: str, value: str, **extra: Any) -> dict[str, Any]:
         base: dict[str, Any] = {
@@ -150,7 +150,7 @@ def _split_keep(text: str, sentinel: str) -> list[str]:
 
 def generate(directory: Path, count: int, batch_size: int) -> dict[str, Any]:
     """Write ``count`` prompts and their records; returns sizes."""
-    from trajkit.dataset import DatasetRow
+    from trajkit.run.dataset import DatasetRow
 
     started = time.perf_counter()
     run_dir = directory / RUN_NAME
@@ -205,11 +205,11 @@ def phase(args: argparse.Namespace) -> None:
     """Run one phase in this process and print its figures as JSON on stdout."""
     import gc
 
-    from trajkit.dataset import read_dataset
-    from trajkit.finalize import finalize
-    from trajkit.ledger import assign, scan
+    from trajkit.plugins.export.writers import ShareGPTWriter
     from trajkit.plugins.filters import HallucinatedTool, NoReasoning
-    from trajkit.plugins.writers import ShareGPTWriter
+    from trajkit.run.dataset import read_dataset
+    from trajkit.run.finalize import finalize
+    from trajkit.run.ledger import assign, scan
 
     gc.collect()
     out: dict[str, Any] = {"baseline_rss": _rss()}

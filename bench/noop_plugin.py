@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from trajkit import hookimpl
-from trajkit.distributions import Distribution
 from trajkit.tools import Tool, ToolContext, Toolset
+from trajkit.tools.distributions import Distribution
 
 
 async def noop(args: dict[str, Any], ctx: ToolContext) -> str:

@@ -86,7 +86,7 @@ def _local_options(root: Path, shell: str | None, isolation: str | None = None) 
 
 
 async def _local(n: int, concurrency: int, options: dict[str, str]) -> dict[str, Any]:
-    from trajkit.plugins.local_sandbox import LocalBackend
+    from trajkit.plugins.local.sandbox import LocalBackend
     from trajkit.sandbox import SandboxSpec
 
     backend = LocalBackend(options)
@@ -132,7 +132,7 @@ async def _exec_rate(
     """``true`` started n times, ``concurrency`` at once: through LocalSandbox.exec or bare asyncio."""
     import resource
 
-    from trajkit.plugins.local_sandbox import LocalBackend
+    from trajkit.plugins.local.sandbox import LocalBackend
     from trajkit.sandbox import SandboxSpec
 
     if watcher == "pidfd":

@@ -65,8 +65,9 @@ def server_args(mode: str, latency: float) -> list[str]:
 
 async def _unloaded_tool_time(mode: str, root: Path, reps: int) -> float:
     """Median seconds of one trajectory's tool work alone: sandbox create, three calls, close."""
-    from trajkit.plugins import file_tools, toolsets
-    from trajkit.plugins.local_sandbox import LocalBackend
+    from trajkit.plugins import toolsets
+    from trajkit.plugins.files import tools as file_tools
+    from trajkit.plugins.local.sandbox import LocalBackend
     from trajkit.sandbox import SandboxSpec
     from trajkit.tools import ToolContext
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from trajkit.agent import Session, run_conversation
 from trajkit.model import AssistantMessage, Message, ModelClient, parse_assistant_message
-from trajkit.plugins.local_sandbox import LocalBackend
+from trajkit.plugins.local.sandbox import LocalBackend
 from trajkit.sandbox import SandboxSpec
 from trajkit.tools import Tool
 

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
-from trajkit.dataset import read_dataset
+from trajkit.run.dataset import read_dataset
 
 
 def test_invalid_rows_are_reported_and_valid_rows_run(tmp_path: Path) -> None:
@@ -88,8 +88,8 @@ def test_list_distributions_in_both_spellings() -> None:
 
 
 def test_providers_flags_take_comma_lists(tmp_path: Path) -> None:
-    from trajkit.plugins.openai_client import request_extras
-    from trajkit.plugins.openai_settings import OpenAISettings
+    from trajkit.plugins.openai.client import request_extras
+    from trajkit.plugins.openai.settings import OpenAISettings
 
     settings = OpenAISettings(
         providers_allowed=["a", "b"], provider_sort="price", reasoning_effort="high", max_tokens=100

@@ -11,8 +11,8 @@ import aiohttp
 from aiohttp import web
 
 from tests.test_browser_tools import loopback
-from trajkit.network import NetworkPolicy
-from trajkit.plugins.browser_proxy import FilteringProxy
+from trajkit.plugins.browser.proxy import FilteringProxy
+from trajkit.tools.network import NetworkPolicy
 
 
 @contextlib.asynccontextmanager

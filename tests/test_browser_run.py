@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from tests.test_browser_tools import chromium_missing, site
-from trajkit.plugins.browser import TOOLS
+from trajkit.plugins.browser.toolset import TOOLS
 from trajkit.testing.engines import need_engine
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from trajkit.configure import resolve
+from trajkit.config.resolve import resolve
 from trajkit.manager import load_plugins
-from trajkit.plugins import browser
-from trajkit.plugins.browser_page import in_viewport
-from trajkit.plugins.local_sandbox import LocalBackend
+from trajkit.plugins.browser import toolset as browser
+from trajkit.plugins.browser.page import in_viewport
+from trajkit.plugins.local.sandbox import LocalBackend
 from trajkit.sandbox import SandboxSpec
 from trajkit.testing.engines import need_engine
 from trajkit.tools import ToolContext, ToolError, ToolSession, close_session, open_toolsets, schemas_markdown

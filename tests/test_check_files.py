@@ -17,8 +17,8 @@ import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from tests.test_hostile_run import make_policy
-from trajkit.check_files import CheckFile, resolve
 from trajkit.plugins.scripted_model import split_task
+from trajkit.sandbox.check_files import CheckFile, resolve
 from trajkit.testing.engines import need_engine
 from trajkit.testing.openai_server import OpenAITestServer
 

@@ -15,8 +15,8 @@ import pytest
 
 from tests.helpers import trajkit
 from tests.test_ledger import ledger_record
-from trajkit.plugins import compare_stats
-from trajkit.plugins.compare_stats import at_k, paired, pass_at_k, pass_hat_k, wilson
+from trajkit.plugins.compare import stats as compare_stats
+from trajkit.plugins.compare.stats import at_k, paired, pass_at_k, pass_hat_k, wilson
 
 
 def test_wilson_matches_published_intervals() -> None:
@@ -147,17 +147,24 @@ def test_latency_percentiles_and_costs_of_a_handmade_ledger(tmp_path: Path) -> N
 
 
 def test_every_template_and_static_file_is_package_data() -> None:
-    """A page file the wheel leaves out would break ``trajkit report`` and ``compare`` once installed."""
+    """A page file or script the wheel leaves out would break ``trajkit report``, ``compare`` or a
+    sandbox once installed: every file beside the code is matched by its package's package-data."""
     import fnmatch
     import tomllib
 
     root = Path(__file__).resolve().parent.parent
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    shipped = patterns["trajkit.plugins"]
-    files = [
-        path.relative_to(root / "trajkit" / "plugins").as_posix()
-        for folder in ("templates", "static")
-        for path in (root / "trajkit" / "plugins" / folder).iterdir()
-    ]
-    assert {"templates/page.html", "templates/compare.html", "static/compare.js"} <= set(files)
-    assert [f for f in files if not any(fnmatch.fnmatch(f, p) for p in shipped)] == []
+    missing, seen = [], set()
+    for path in sorted((root / "trajkit").rglob("*")):
+        if not path.is_file() or path.suffix in (".py", ".pyc") or "__pycache__" in path.parts:
+            continue
+        package = path.parent
+        while not (package / "__init__.py").exists():
+            package = package.parent
+        name = ".".join(package.relative_to(root).parts)
+        relative = path.relative_to(package).as_posix()
+        seen.add(f"{name}:{relative}")
+        if not any(fnmatch.fnmatch(relative, p) for p in patterns.get(name, [])):
+            missing.append(f"{name}:{relative}")
+    assert {"trajkit.plugins.report:templates/page.html", "trajkit.plugins.report:static/compare.js"} <= seen
+    assert missing == []

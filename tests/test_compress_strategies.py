@@ -14,8 +14,8 @@ from trajkit.compress.counters import EstimateCounter
 from trajkit.compress.mask import MaskObservations, MaskSettings
 from trajkit.compress.summary import Pipeline, PipelineSettings, Summary, SummarySettings
 from trajkit.compress.turns import SUMMARY_PREFIX, TOOL_RESPONSE_BLOCK, problems, units
+from trajkit.config.settings import OptionError, build_settings, parse_pairs
 from trajkit.manager import PluginError, load_plugins
-from trajkit.settings import OptionError, build_settings, parse_pairs
 from trajkit.testing.trajectories import reference_record, trajkit_record
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trajkit.confined import Beneath
 from trajkit.sandbox import FileTooLarge, NotARegularFile, OutsideSandbox
+from trajkit.sandbox.confined import Beneath
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from trajkit.model import ModelConfigError, ModelContextOverflow
-from trajkit.plugins.model_transport import Retry, answer_error, status_error
+from trajkit.plugins.openai.transport import Retry, answer_error, status_error
 from trajkit.testing.openai_server import OpenAITestServer, RecordedRequest
 from trajkit.testing.policies import CONTEXT_OVERFLOW, dialect_policy
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
-from trajkit.dataset import DatasetError, check_dataset_file, read_dataset
+from trajkit.run.dataset import DatasetError, check_dataset_file, read_dataset
 
 ROWS: list[dict[str, Any]] = [
     {"question": "What is in the notes?", "source": "a", "answer": "x"},

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from trajkit.distributions import Distribution, rng_for
+from trajkit.tools.distributions import Distribution, rng_for
 
 
 def exact_conditional(probabilities: dict[str, float]) -> dict[tuple[str, ...], float]:

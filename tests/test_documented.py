@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trajkit import hookspecs
-from trajkit.cli_options import every_setting, settings_page
+from trajkit.config.cli_options import every_setting, settings_page
 from trajkit.manager import PluginHost, load_plugins
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,20 +19,21 @@ from typing import Any, ClassVar
 import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
-from trajkit import hookimpl, tool_catalog
-from trajkit.config import RunConfig
-from trajkit.execute import Sessions
-from trajkit.executor import Driver, Executor, Failed, Finished, SessionPlan, WorkOrder
-from trajkit.finalize import offer_tool_schemas
+from trajkit import hookimpl
+from trajkit.config.run_config import RunConfig
+from trajkit.config.settings import StrictSettings
 from trajkit.manager import PluginError, PluginHost, load_plugins
-from trajkit.plugins.export import export_records, read_records
+from trajkit.plugins.export.command import export_records, read_records
+from trajkit.plugins.export.writers import OpenAIWriter
 from trajkit.plugins.local_executor import LocalExecutor
-from trajkit.plugins.writers import OpenAIWriter
-from trajkit.rundir import TOOLS_FILE, RunIOError
-from trajkit.runner import EXIT_INCOMPLETE, EXIT_OK, Runner
-from trajkit.settings import StrictSettings
-from trajkit.tool_catalog import ToolCatalog, read_tool_schemas, tool_schemas_key
+from trajkit.run.attempt import Sessions
+from trajkit.run.executor import Driver, Executor, Failed, Finished, SessionPlan, WorkOrder
+from trajkit.run.finalize import offer_tool_schemas
+from trajkit.run.rundir import TOOLS_FILE, RunIOError
+from trajkit.run.runner import EXIT_INCOMPLETE, EXIT_OK, Runner
 from trajkit.tools import Tool, ToolContext, Toolset
+from trajkit.tools import catalog as tool_catalog
+from trajkit.tools.catalog import ToolCatalog, read_tool_schemas, tool_schemas_key
 
 PROMPTS: list[dict[str, Any] | str] = [
     *({"prompt": f"task {i}", "topic": "t"} for i in range(6)),

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
-from trajkit.plugins.hf_export import size_category
+from trajkit.plugins.export.hf import size_category
 
 datasets.disable_progress_bars()
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.test_file_tools import with_tools
-from trajkit.plugins import file_tools
+from trajkit.plugins.files import tools as file_tools
 from trajkit.tools import ToolContext, ToolError
 
 ORIGINAL = "".join(f"line {i}\n" for i in range(1, 41))
@@ -332,5 +332,5 @@ def test_the_documented_schemas_are_the_tools_schemas() -> None:
     page = (Path(__file__).resolve().parent.parent / "docs" / "tools.md").read_text()
     generated = page[page.index("## Schemas\n") :].split("\n\n", 2)[2]
     assert generated == file_tools.schemas_markdown(), (
-        "stale: regenerate docs/tools.md's last section from trajkit.plugins.file_tools.schemas_markdown()"
+        "stale: regenerate docs/tools.md's last section from trajkit.plugins.files.tools.schemas_markdown()"
     )

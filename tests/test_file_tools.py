@@ -10,10 +10,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from trajkit.plugins import file_tools, toolsets
-from trajkit.plugins.local_sandbox import LocalBackend
+from trajkit.plugins import toolsets
+from trajkit.plugins.files import tools as file_tools
+from trajkit.plugins.local.sandbox import LocalBackend
+from trajkit.record.secrets import REDACTED, Scrubber, environment_secrets
 from trajkit.sandbox import Sandbox, SandboxSpec
-from trajkit.secrets import REDACTED, Scrubber, environment_secrets
 from trajkit.tools import ToolContext, ToolError
 
 T = TypeVar("T")

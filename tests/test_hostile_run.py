@@ -23,7 +23,7 @@ import pytest
 
 from tests.helpers import read_jsonl, write_jsonl
 from trajkit.manager import load_plugins
-from trajkit.plugins import bubblewrap
+from trajkit.plugins.local import bubblewrap
 from trajkit.plugins.scripted_model import scripted_reply, split_task
 from trajkit.testing.engines import need_engine
 from trajkit.testing.openai_server import OpenAITestServer
@@ -174,7 +174,7 @@ def test_one_hostile_session_among_six_ordinary_ones(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("content", ["", "\n"])
 def test_an_empty_key_file_is_refused(tmp_path: Path, content: str) -> None:
-    from trajkit.configure import resolve
+    from trajkit.config.resolve import resolve
 
     host = load_plugins(entry_points=False)
     key_file = tmp_path / "key"

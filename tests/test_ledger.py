@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from tests.helpers import write_jsonl
-from trajkit import ledger as ledger_module
-from trajkit.dataset import DatasetRow, read_dataset
 from trajkit.jsonutil import dumps_bytes, dumps_line, loads
-from trajkit.ledger import AppendLog, LedgerWriter, RecordReader, assign, records, scan
-from trajkit.rundir import batch_files
+from trajkit.run import ledger as ledger_module
+from trajkit.run.dataset import DatasetRow, read_dataset
+from trajkit.run.ledger import AppendLog, LedgerWriter, RecordReader, assign, records, scan
+from trajkit.run.rundir import batch_files
 
 
 def ledger_record(work_id: str, **fields: Any) -> dict[str, Any]:

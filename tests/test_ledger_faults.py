@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tests.test_ledger import ledger_record
 from trajkit.jsonutil import dumps_line
-from trajkit.ledger import AppendLog, LedgerWriter, RecordReader, assign, read_jsonl, scan
-from trajkit.rundir import batch_path
+from trajkit.run.ledger import AppendLog, LedgerWriter, RecordReader, assign, read_jsonl, scan
+from trajkit.run.rundir import batch_path
 
 A, B, C, D = "aaaa.0", "bbbb.0", "cccc.0", "dddd.0"
 
@@ -73,7 +73,7 @@ def test_garbage_and_incomplete_records_are_reported_by_line(tmp_path: Path) -> 
 
 
 def test_the_prompts_of_bad_lines_run_again(tmp_path: Path) -> None:
-    from trajkit.dataset import read_dataset
+    from trajkit.run.dataset import read_dataset
 
     dataset = tmp_path / "d.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(3)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trajkit.library import Agent
-from trajkit.plugins import browser
+from trajkit.plugins.browser import toolset as browser
 from trajkit.testing.openai_server import OpenAITestServer, tool_script_policy
 
 

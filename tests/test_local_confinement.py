@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from trajkit.plugins import bubblewrap
-from trajkit.plugins.local_run import LocalSandbox
-from trajkit.plugins.local_sandbox import LocalBackend
+from trajkit.plugins.local import bubblewrap
+from trajkit.plugins.local.run import LocalSandbox
+from trajkit.plugins.local.sandbox import LocalBackend
 from trajkit.sandbox import ExecResult, SandboxSpec
 from trajkit.testing.engines import need_engine
 

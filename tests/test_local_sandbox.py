@@ -17,9 +17,10 @@ from typing import TypeVar
 import pytest
 from pydantic import ValidationError
 
-from trajkit.plugins import bubblewrap, local_command
-from trajkit.plugins.local_run import LocalSandbox
-from trajkit.plugins.local_sandbox import ACCOUNTS_DIR, LocalBackend, LocalSettings
+from trajkit.plugins.local import bubblewrap
+from trajkit.plugins.local import command as local_command
+from trajkit.plugins.local.run import LocalSandbox
+from trajkit.plugins.local.sandbox import ACCOUNTS_DIR, LocalBackend, LocalSettings
 from trajkit.sandbox import Sandbox, SandboxError, SandboxSpec
 from trajkit.testing.engines import need_engine
 from trajkit.testing.sandbox_conformance import survivors
@@ -161,7 +162,7 @@ def host_processes(marker: str, settle: float = 5.0) -> list[int]:
 
 RUNNER = """
 import asyncio, sys
-from trajkit.plugins.local_sandbox import LocalBackend
+from trajkit.plugins.local.sandbox import LocalBackend
 from trajkit.sandbox import SandboxSpec
 
 async def main():

@@ -22,15 +22,15 @@ import pytest
 
 from tests.helpers import trajkit
 from tests.test_plugins import plugin_with
-from trajkit.configure import ConfigurationError, resolve
+from trajkit.config.resolve import ConfigurationError, resolve
+from trajkit.config.settings import StrictSettings
 from trajkit.hookspecs import ConfigTable
 from trajkit.manager import PluginHost, load_plugins
-from trajkit.plugins.local_sandbox import LocalBackend
-from trajkit.plugins.mcp import McpToolset, expand
-from trajkit.plugins.mcp_results import NAME_RULE, model_name, result_text, schema_problem
-from trajkit.processes import OutputLog
+from trajkit.plugins.local.sandbox import LocalBackend
+from trajkit.plugins.mcp.results import NAME_RULE, model_name, result_text, schema_problem
+from trajkit.plugins.mcp.toolset import McpToolset, expand
 from trajkit.sandbox import Sandbox, SandboxSpec
-from trajkit.settings import StrictSettings
+from trajkit.sandbox.processes import OutputLog
 from trajkit.tools import Tool, ToolContext, ToolError, ToolSession, Toolset, ToolsetError, open_toolsets
 
 TESTS = Path(__file__).parent

@@ -11,9 +11,9 @@ import pytest
 
 from tests.helpers import read_jsonl, write_jsonl
 from trajkit import hookimpl
-from trajkit.configure import resolve
+from trajkit.config.resolve import resolve
 from trajkit.manager import load_plugins
-from trajkit.runner import Runner
+from trajkit.run.runner import Runner
 from trajkit.sandbox import SandboxBackend
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy

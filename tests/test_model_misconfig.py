@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from trajkit.model import ModelNotFound
-from trajkit.plugins.endpoint import check_endpoint
+from trajkit.plugins.openai.endpoint import check_endpoint
 from trajkit.testing.openai_server import OpenAITestServer, echo_policy
 
 

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from trajkit.model import ModelEndpointError, ModelError
-from trajkit.plugins.model_transport import AiohttpTransport, Retry, SDKTransport, Transport
+from trajkit.plugins.openai.transport import AiohttpTransport, Retry, SDKTransport, Transport
 
 # request headers, body, index of the request on its connection -> the answer's bytes, or None to
 # close the connection without answering

@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 
 from tests.web_servers import WebSite
-from trajkit.fetch import USER_AGENT, Fetcher, FetchError, Limits
-from trajkit.network import NetworkPolicy, Refused, address_problem, parse_host_port
+from trajkit.tools.fetch import USER_AGENT, Fetcher, FetchError, Limits
+from trajkit.tools.network import NetworkPolicy, Refused, address_problem, parse_host_port
 
 
 @pytest.mark.parametrize(

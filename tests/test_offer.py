@@ -13,14 +13,14 @@ import pytest
 
 from tests.helpers import plugin_env, read_jsonl, trajkit, write_jsonl
 from trajkit import hookimpl
-from trajkit.configure import ConfigurationError, resolve
-from trajkit.distributions import Distribution
+from trajkit.config.resolve import ConfigurationError, resolve
 from trajkit.manager import PluginHost, load_plugins
-from trajkit.offer import OfferError, listing, markdown_table
-from trajkit.offer import resolve as resolve_offer
+from trajkit.tools.distributions import Distribution
+from trajkit.tools.offer import OfferError, listing, markdown_table
+from trajkit.tools.offer import resolve as resolve_offer
 
 ROOT = Path(__file__).resolve().parent.parent
-WITHOUT_BROWSER = "trajkit.plugins.browser"
+WITHOUT_BROWSER = "trajkit.plugins.browser.toolset"
 """Disabled in the tests of toolsets no installed plugin provides: the reference's distributions
 name ``browser``, and these tests stand for a machine where its plugin is not there."""
 
@@ -49,8 +49,8 @@ GATED_PLUGIN = '''
     import json
 
     from trajkit import hookimpl
-    from trajkit.distributions import Distribution
-    from trajkit.settings import StrictSettings
+    from trajkit.tools.distributions import Distribution
+    from trajkit.config.settings import StrictSettings
     from trajkit.tools import Tool, Toolset
 
 
@@ -359,7 +359,7 @@ def test_the_distributions_command(tmp_path: Path, env: dict[str, str]) -> None:
 def test_serve_offers_as_a_run_does(gated: PluginHost) -> None:
     """`trajkit serve --toolsets` and `--distribution` resolve as a run's: the same checks, the
     same toolsets left out."""
-    from trajkit.runner import RunError
+    from trajkit.run.runner import RunError
     from trajkit.serve.service import ServedAgent
     from trajkit.serve.settings import ServeSettings
 

@@ -18,7 +18,7 @@ ACME_PLUGIN = '''
     from trajkit import hookimpl
     from trajkit.model import AssistantMessage, ModelClient, ModelError, ToolCall
     from trajkit.sandbox import ExecResult, Sandbox, SandboxBackend, SandboxInfo
-    from trajkit.settings import StrictSettings
+    from trajkit.config.settings import StrictSettings
 
 
     class AcmeClient(ModelClient):
@@ -213,8 +213,8 @@ def test_core_settings_reach_the_sessions_of_a_plugin(tmp_path: Path, acme: dict
 
 CLASHING_PLUGIN = '''
     from trajkit import hookimpl
-    from trajkit.filters import TrajectoryFilter
-    from trajkit.settings import StrictSettings
+    from trajkit.record.filters import TrajectoryFilter
+    from trajkit.config.settings import StrictSettings
 
 
     class Local(TrajectoryFilter):

@@ -11,9 +11,9 @@ import pytest
 
 from tests.helpers import install_fake_distribution, read_jsonl, trajkit, write_jsonl
 from trajkit import hookimpl, hookspecs
-from trajkit.filters import Record, TrajectoryFilter
 from trajkit.hookspecs import PackageHint
 from trajkit.manager import DEFAULT_PLUGINS, PluginError, load_plugins
+from trajkit.record.filters import Record, TrajectoryFilter
 
 
 def plugin_with(**hooks: Any) -> object:
@@ -23,7 +23,7 @@ def plugin_with(**hooks: Any) -> object:
 
 BANANA_PLUGIN = """
     from trajkit import hookimpl
-    from trajkit.filters import TrajectoryFilter
+    from trajkit.record.filters import TrajectoryFilter
 
     class NoBananas(TrajectoryFilter):
         name = "no_bananas"
@@ -148,8 +148,8 @@ def test_package_hints_come_from_plugins() -> None:
 
 def test_defaults_come_from_plugin_metadata_not_names() -> None:
     from trajkit.model import ModelClient
-    from trajkit.plugins.local_sandbox import LocalBackend
-    from trajkit.plugins.writers import ShareGPTWriter
+    from trajkit.plugins.export.writers import ShareGPTWriter
+    from trajkit.plugins.local.sandbox import LocalBackend
 
     host = load_plugins(entry_points=False)
     assert host.model_client("scripted").name == "scripted"
@@ -185,8 +185,8 @@ def test_defaults_come_from_plugin_metadata_not_names() -> None:
 def test_lifecycle_hooks_fire_in_order(tmp_path: Path) -> None:
     import asyncio
 
-    from trajkit.config import RunConfig
-    from trajkit.runner import Runner
+    from trajkit.config.run_config import RunConfig
+    from trajkit.run.runner import Runner
 
     events: list[str] = []
 
@@ -213,9 +213,9 @@ def test_lifecycle_hooks_fire_in_order(tmp_path: Path) -> None:
 
 
 def test_a_plugin_distribution_is_listed_and_chosen_by_name(tmp_path: Path) -> None:
-    from trajkit.configure import resolve
-    from trajkit.distributions import Distribution
-    from trajkit.runner import Runner
+    from trajkit.config.resolve import resolve
+    from trajkit.run.runner import Runner
+    from trajkit.tools.distributions import Distribution
 
     def trajkit_distributions() -> list[Distribution]:
         return [Distribution("read_only", "files, read only", {"file": 1.0})]

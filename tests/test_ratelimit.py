@@ -9,9 +9,9 @@ import contextlib
 import pytest
 
 from trajkit.model import ModelUnreachable
-from trajkit.outage import ConnectionGuard
-from trajkit.ratelimit import RequestLimiter, own_wait, session_deadline
-from trajkit.retry import backoff_delay
+from trajkit.model.outage import ConnectionGuard
+from trajkit.model.ratelimit import RequestLimiter, own_wait, session_deadline
+from trajkit.model.retry import backoff_delay
 
 
 class Clock:

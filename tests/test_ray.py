@@ -23,10 +23,10 @@ import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from trajkit.cli import run_params
-from trajkit.config import RunConfig
-from trajkit.configure import resolve
+from trajkit.config.resolve import resolve
+from trajkit.config.run_config import RunConfig
 from trajkit.manager import PluginError, load_plugins
-from trajkit.runner import Runner
+from trajkit.run.runner import Runner
 from trajkit.testing.engines import need_engine
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy

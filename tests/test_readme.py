@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 from trajkit.cli import run_params
-from trajkit.configure import resolve
+from trajkit.config.resolve import resolve
 from trajkit.manager import load_plugins
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"

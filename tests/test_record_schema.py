@@ -11,11 +11,11 @@ import pytest
 from pydantic import Field, create_model
 
 from tests.test_records import RUN_TOOLS, fields, session, three_tool_calls
-from trajkit import records
-from trajkit.plugins.hf_export import features
-from trajkit.plugins.writers import HermesWriter, OpenAIWriter, ParquetWriter, ShareGPTWriter
-from trajkit.record_schema import fields_markdown, record_problem
-from trajkit.records import CARRIED, TrajectoryRecord, record_json
+from trajkit.plugins.export.hf import features
+from trajkit.plugins.export.writers import HermesWriter, OpenAIWriter, ParquetWriter, ShareGPTWriter
+from trajkit.record import trajectory as records
+from trajkit.record.schema import fields_markdown, record_problem
+from trajkit.record.trajectory import CARRIED, TrajectoryRecord, record_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,10 +37,10 @@ def with_temperature(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_manual_s_field_table_is_made_from_the_record() -> None:
     page = (ROOT / "docs" / "outputs.md").read_text()
-    marker = "<!-- record fields: trajkit.record_schema.fields_markdown() -->\n"
+    marker = "<!-- record fields: trajkit.record.schema.fields_markdown() -->\n"
     start = page.index(marker) + len(marker)
     assert page[start : page.index("\n\n", start) + 1] == fields_markdown(), (
-        "stale: paste trajkit.record_schema.fields_markdown() into docs/outputs.md"
+        "stale: paste trajkit.record.schema.fields_markdown() into docs/outputs.md"
     )
 
 

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from trajkit import records
 from trajkit.agent import ConversationResult, ToolStat
 from trajkit.model import Message, Usage
-from trajkit.records import TrajectoryRecord, record_json
+from trajkit.record import trajectory as records
+from trajkit.record.trajectory import TrajectoryRecord, record_json
 
 RUN_TOOLS = ["execute_code", "patch", "read_file", "search_files", "terminal", "write_file"]
 SYSTEM = "You are a capable assistant working in a sandboxed environment."

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import plugin_env, read_jsonl, trajkit, write_jsonl
-from trajkit.ledger import read_jsonl as ledger_lines
+from trajkit.run.ledger import read_jsonl as ledger_lines
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy
 
@@ -28,7 +28,7 @@ from trajkit.testing.policies import dialect_policy
 KILLER_PLUGIN = """
     import os, signal
     from trajkit import hookimpl
-    from trajkit.writers import OutputWriter
+    from trajkit.record.writers import OutputWriter
 
     finished = 0
 

@@ -18,12 +18,12 @@ import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from tests.test_resume import assert_exactly_once, run_args, sessions_started
-from trajkit.ledger import read_jsonl as ledger_lines
-from trajkit.ledger import scan
 from trajkit.manager import load_plugins
-from trajkit.run_view import run_status
-from trajkit.rundir import lock_holder
-from trajkit.runner import EXIT_IO, EXIT_LOCKED
+from trajkit.run.ledger import read_jsonl as ledger_lines
+from trajkit.run.ledger import scan
+from trajkit.run.rundir import lock_holder
+from trajkit.run.runner import EXIT_IO, EXIT_LOCKED
+from trajkit.run.view import run_status
 from trajkit.testing.engines import need_engine
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy

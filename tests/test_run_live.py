@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from tests.test_resume import run_args
-from trajkit.ledger import scan
+from trajkit.run.ledger import scan
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy
 

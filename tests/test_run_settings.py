@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from tests.test_resume import Flaky, run_args, sessions_started
-from trajkit.configure import resolve
+from trajkit.config.resolve import resolve
 from trajkit.manager import load_plugins
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy

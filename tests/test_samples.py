@@ -17,8 +17,8 @@ import pytest
 
 from tests.helpers import plugin_env, read_jsonl, trajkit, write_jsonl
 from tests.test_resume import KILLER_PLUGIN, run_killed_after, sessions_started
-from trajkit.dataset import read_dataset, with_samples
-from trajkit.ledger import read_jsonl as ledger_lines
+from trajkit.run.dataset import read_dataset, with_samples
+from trajkit.run.ledger import read_jsonl as ledger_lines
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trajkit.plugins.local_sandbox import LocalBackend
+from trajkit.plugins.local.sandbox import LocalBackend
 from trajkit.sandbox import SandboxBackend
 from trajkit.testing.engines import need_engine
 from trajkit.testing.sandbox_conformance import SandboxConformance

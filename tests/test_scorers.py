@@ -21,7 +21,7 @@ from tests.test_report import DevTools, embedded_data, report_browser
 from trajkit.hookspecs import hookimpl
 from trajkit.manager import load_plugins
 from trajkit.plugins.scorers import AnswerMatch, CommandCheck
-from trajkit.scorers import Check, ScoreContext, Scorer, score_session
+from trajkit.record.scorers import Check, ScoreContext, Scorer, score_session
 from trajkit.testing.engines import need_engine
 
 ROWS: list[dict[str, Any] | str] = [

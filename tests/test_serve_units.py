@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from trajkit.configure import resolve
+from trajkit.config.resolve import resolve
 from trajkit.manager import load_plugins
 from trajkit.model import ToolCall
-from trajkit.plugins.openai_client import OpenAIClient
+from trajkit.plugins.openai.client import OpenAIClient
 from trajkit.serve.protocol import ChatRequest, ProtocolError, parse_request, split_messages
 from trajkit.serve.service import ServedAgent, tool_label
 from trajkit.serve.settings import ServerKeyError, ServeSettings, check_exposure

@@ -18,8 +18,8 @@ from tests.helpers import read_jsonl, trajkit, write_jsonl
 from tests.test_resume import run_args, sessions_started
 from tests.test_run_live import started
 from tests.test_run_settings import run_as_printed
-from trajkit import recording
-from trajkit.rundir import read_spend, spend_path, spent
+from trajkit.run import recording
+from trajkit.run.rundir import read_spend, spend_path, spent
 from trajkit.testing.openai_server import OpenAITestServer, tool_script_policy
 from trajkit.testing.policies import dialect_policy
 

@@ -15,10 +15,10 @@ import pytest
 from tests.test_docker_backend import DockerHarness, docker_engine  # noqa: F401 (fixture)
 from tests.test_sandbox_conformance import LocalHarness
 from tests.test_singularity_backend import SIF, SingularityHarness, apptainer, cache_dir  # noqa: F401
-from trajkit.plugins.local_sandbox import LocalBackend
+from trajkit.plugins.local.sandbox import LocalBackend
 from trajkit.plugins.toolsets import TERMINAL, TerminalSettings, process, terminal
 from trajkit.sandbox import SandboxSpec
-from trajkit.shell import one_line
+from trajkit.sandbox.shell import one_line
 from trajkit.testing.engines import need_engine
 from trajkit.testing.terminal_conformance import TerminalConformance
 from trajkit.tools import ToolContext, ToolError, ToolRun, ToolSession

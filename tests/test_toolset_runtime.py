@@ -18,9 +18,9 @@ TALLY_PLUGIN = '''
     from pydantic import Field
 
     from trajkit import hookimpl
-    from trajkit.distributions import Distribution
+    from trajkit.tools.distributions import Distribution
     from trajkit.model import AssistantMessage, ModelClient, ToolCall
-    from trajkit.settings import StrictSettings
+    from trajkit.config.settings import StrictSettings
     from trajkit.tools import Tool, Toolset, ToolsetError
 
     EVENTS = os.environ["TALLY_EVENTS"]

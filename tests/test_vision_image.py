@@ -15,7 +15,7 @@ import pytest
 from tests.test_web_tools import tools
 from tests.web_servers import WebSite, png
 from trajkit.manager import load_plugins
-from trajkit.plugins import image_gen, vision
+from trajkit.plugins.web import image_gen, vision
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy
 from trajkit.tools import ToolContext, ToolError, ToolsetError

@@ -16,14 +16,13 @@ import pytest
 
 from tests.web_servers import WebSite
 from trajkit import hookimpl
-from trajkit.cli_options import plugin_options
-from trajkit.configure import ConfigurationError, resolve
+from trajkit.config.cli_options import plugin_options
+from trajkit.config.resolve import ConfigurationError, resolve
+from trajkit.config.settings import StrictSettings
 from trajkit.manager import PluginError, PluginHost, load_plugins
-from trajkit.plugins import web
-from trajkit.plugins.local_sandbox import LocalBackend
+from trajkit.plugins.local.sandbox import LocalBackend
+from trajkit.plugins.web import toolset as web
 from trajkit.sandbox import SandboxSpec
-from trajkit.search import SearchHit, SearchProvider
-from trajkit.settings import StrictSettings
 from trajkit.tools import (
     ToolContext,
     ToolError,
@@ -33,6 +32,7 @@ from trajkit.tools import (
     open_toolsets,
     schemas_markdown,
 )
+from trajkit.tools.search import SearchHit, SearchProvider
 
 KEYS = {
     "BRAVE_API_KEY": "brave-test-key-123",
@@ -409,7 +409,7 @@ async def test_a_plugin_adds_a_search_provider_with_settings_of_its_own(
     with pytest.raises(
         PluginError,
         match=re.escape(
-            "search provider 'searxng' is registered twice: by trajkit.plugins.search_providers and by impostor"
+            "search provider 'searxng' is registered twice: by trajkit.plugins.web.search_providers and by impostor"
         ),
     ):
         _ = clash.search_providers

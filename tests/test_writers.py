@@ -24,8 +24,8 @@ import pytest
 
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from trajkit.manager import PluginError
+from trajkit.plugins.export.writers import ParquetWriter
 from trajkit.plugins.scripted_model import split_task
-from trajkit.plugins.writers import ParquetWriter
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy
 

@@ -21,7 +21,7 @@ import click
 from click.core import ParameterSource
 
 from trajkit import __version__
-from trajkit.cli_options import (
+from trajkit.config.cli_options import (
     PluginCommand,
     SettingOption,
     given_settings,
@@ -29,7 +29,7 @@ from trajkit.cli_options import (
     plugin_options,
     spellings,
 )
-from trajkit.config import ConfigFileError, RunConfig, read_config_file
+from trajkit.config.run_config import ConfigFileError, RunConfig, read_config_file
 from trajkit.manager import PluginError, PluginHost, load_plugins
 
 log = logging.getLogger("trajkit")
@@ -138,7 +138,7 @@ def read_given(ctx: click.Context, flags: dict[str, Any]) -> tuple[dict[str, Any
 
 def configure(host: PluginHost, given: dict[str, Any], places: dict[str, str]) -> RunConfig:
     """The run configuration, or a usage error naming each bad setting and where it came from."""
-    from trajkit.configure import ConfigurationError, resolve
+    from trajkit.config.resolve import ConfigurationError, resolve
 
     try:
         return resolve(host, given, places)
@@ -188,11 +188,11 @@ def run_params(host: PluginHost) -> list[click.Parameter]:
 
 def execute(config: RunConfig, host: PluginHost) -> int:
     """Run and report; returns the process exit code."""
-    from trajkit.dataset import DatasetError
     from trajkit.model import ModelConfigError
-    from trajkit.run_settings import resume_command
-    from trajkit.rundir import RunIOError, RunLocked
-    from trajkit.runner import EXIT_IO, EXIT_LOCKED, EXIT_USAGE, RunError, Runner
+    from trajkit.run.dataset import DatasetError
+    from trajkit.run.rundir import RunIOError, RunLocked
+    from trajkit.run.runner import EXIT_IO, EXIT_LOCKED, EXIT_USAGE, RunError, Runner
+    from trajkit.run.settings import resume_command
     from trajkit.tools import ToolsetError
 
     _wait_for_children_in_the_loop()
@@ -241,7 +241,7 @@ def execute(config: RunConfig, host: PluginHost) -> int:
 def finish_hint(runner: Any, stats: dict[str, Any]) -> str:
     """What continues the run: a command that works as printed (at ``--max_cost``, with a cap that
     covers the rows still pending at the run's mean cost per session), after what it cannot hold."""
-    from trajkit.run_settings import unsaved_secrets
+    from trajkit.run.settings import unsaved_secrets
 
     config = runner.config
     extra: list[str] = []
@@ -288,7 +288,7 @@ def _raise_open_file_limit() -> None:
 
 
 def read_prefill(path: Path) -> list[dict[str, Any]]:
-    from trajkit.prefill import check_prefill
+    from trajkit.model.prefill import check_prefill
 
     hint = "--prefill_messages_file"
     try:
@@ -304,7 +304,7 @@ def read_prefill(path: Path) -> list[dict[str, Any]]:
 def print_distributions(host: PluginHost, config: RunConfig, as_json: bool = False) -> None:
     """Each distribution: its toolsets with their weights, and which of them this run could not
     offer and why."""
-    from trajkit.offer import OfferError, listing
+    from trajkit.tools.offer import OfferError, listing
 
     try:
         entries = listing(config, host)
@@ -348,7 +348,7 @@ def print_distributions(host: PluginHost, config: RunConfig, as_json: bool = Fal
 def distributions(ctx: click.Context, config_path: Path | None, as_json: bool, markdown: bool) -> None:
     """List toolset distributions: each one's toolsets with the share of prompts offered each,
     and which of them cannot be offered here and why."""
-    from trajkit.offer import markdown_table
+    from trajkit.tools.offer import markdown_table
 
     host = load_host(ctx)
     if markdown:
@@ -403,8 +403,8 @@ def _first_sentence(text: str) -> str:
 def settings(ctx: click.Context, as_json: bool, markdown: bool) -> None:
     """List every setting of `trajkit run`: its configuration key, flag, type, default and what it
     does, the core's first, then each installed plugin's."""
-    from trajkit.cli_options import every_setting, settings_page
-    from trajkit.settings import field_type
+    from trajkit.config.cli_options import every_setting, settings_page
+    from trajkit.config.settings import field_type
 
     if markdown:
         click.echo(settings_page(load_host(ctx)), nl=False)
@@ -454,9 +454,9 @@ def plugins(ctx: click.Context) -> None:
 @click.pass_context
 def status(ctx: click.Context, run_dir: Path) -> None:
     """Where a run stands, from its ledger as it is now: done, rejected, failing, pending, spent."""
-    from trajkit.run_view import NotARun, run_status
-    from trajkit.rundir import RunIOError
-    from trajkit.runner import EXIT_IO
+    from trajkit.run.rundir import RunIOError
+    from trajkit.run.runner import EXIT_IO
+    from trajkit.run.view import NotARun, run_status
 
     try:
         summary = run_status(run_dir, load_host(ctx))

@@ -35,16 +35,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajkit.agent import ConversationResult, run_conversation
-from trajkit.check_files import CheckFile
-from trajkit.configure import resolve
-from trajkit.dataset import DatasetRow
-from trajkit.execute import build_session, score_result
+from trajkit.config.resolve import resolve
 from trajkit.manager import PluginHost, load_plugins
 from trajkit.model import AssistantMessage, Message, ModelClient, ModelError
-from trajkit.offer import resolve as resolve_offer
+from trajkit.model.stepping import StepClient
+from trajkit.run.attempt import build_session, score_result
+from trajkit.run.dataset import DatasetRow
 from trajkit.sandbox import Sandbox, SandboxBackend, SandboxError, SandboxSpec
-from trajkit.stepping import StepClient
+from trajkit.sandbox.check_files import CheckFile
 from trajkit.tools import Tool, ToolRun, ToolSession, close_session, open_toolsets
+from trajkit.tools.offer import resolve as resolve_offer
 
 log = logging.getLogger("trajkit")
 
@@ -180,7 +180,7 @@ class Environment:
         """``samples`` sessions of ``row`` against ``policy``, each in a fresh sandbox, scored;
         in sample order. A failed session is a :class:`Rollout` with its ``error``.
         ``check_files``: the row's check files as a run resolves them
-        (:func:`trajkit.check_files.resolve`), put in the sandbox before the checks."""
+        (:func:`trajkit.sandbox.check_files.resolve`), put in the sandbox before the checks."""
         client = self.client(policy)
         try:
             sessions = (self._one(row, client, k, check_files) for k in range(samples))

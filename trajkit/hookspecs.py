@@ -24,16 +24,16 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from trajkit.compress.base import Compressor, TokenCounter
-    from trajkit.config import RunConfig
-    from trajkit.distributions import Distribution
-    from trajkit.executor import Executor
-    from trajkit.filters import Record, TrajectoryFilter
+    from trajkit.config.run_config import RunConfig
     from trajkit.model import ModelClient
+    from trajkit.record.filters import Record, TrajectoryFilter
+    from trajkit.record.scorers import Scorer
+    from trajkit.record.writers import OutputWriter
+    from trajkit.run.executor import Executor
     from trajkit.sandbox import SandboxBackend
-    from trajkit.scorers import Scorer
-    from trajkit.search import SearchProvider
     from trajkit.tools import Toolset
-    from trajkit.writers import OutputWriter
+    from trajkit.tools.distributions import Distribution
+    from trajkit.tools.search import SearchProvider
 
 hookspec = pluggy.HookspecMarker("trajkit")
 hookimpl = pluggy.HookimplMarker("trajkit")
@@ -113,7 +113,7 @@ def trajkit_config_tables() -> Sequence[ConfigTable]:
 
     Called once, when a command first resolves a run's configuration. Each entry of a declared
     table (``[mcp_servers.git]``) is validated against the table's model and kept in
-    :attr:`trajkit.config.RunConfig.tables` (``config.tables["mcp_servers"]["git"]``), and saved
+    :attr:`trajkit.config.run_config.RunConfig.tables` (``config.tables["mcp_servers"]["git"]``), and saved
     with the run's settings.
 
     :return: :class:`ConfigTable` objects with unique names. All implementations' results are
@@ -125,7 +125,7 @@ def trajkit_config_tables() -> Sequence[ConfigTable]:
 def trajkit_configured_toolsets(config: RunConfig) -> Sequence[Toolset]:
     """Build toolsets from a run's configuration (one per configured server, say).
 
-    Called once per resolved configuration (:func:`trajkit.configure.resolve`), after its
+    Called once per resolved configuration (:func:`trajkit.config.resolve.resolve`), after its
     values are validated and before the run plans its draws, in the process that resolves it.
     Unlike :func:`trajkit_toolsets` it may take time: it is where a toolset learns its tools by
     asking for them (an MCP server's ``tools/list``), within a bounded timeout.
@@ -142,9 +142,9 @@ def trajkit_configured_toolsets(config: RunConfig) -> Sequence[Toolset]:
 def trajkit_distributions() -> Sequence[Distribution]:
     """Register toolset distributions.
 
-    :return: :class:`trajkit.distributions.Distribution` objects with unique names. A distribution
+    :return: :class:`trajkit.tools.distributions.Distribution` objects with unique names. A distribution
         may name toolsets of other packages: a run draws over those it can offer and says which it
-        leaves out (:mod:`trajkit.offer`). At most one installed distribution is marked
+        leaves out (:mod:`trajkit.tools.offer`). At most one installed distribution is marked
         ``default``: the one a run draws when no ``--distribution`` is given.
     """
 
@@ -153,7 +153,7 @@ def trajkit_distributions() -> Sequence[Distribution]:
 def trajkit_filters() -> Sequence[type[TrajectoryFilter]]:
     """Register trajectory filters.
 
-    :return: :class:`trajkit.filters.TrajectoryFilter` subclasses with unique names. Those with
+    :return: :class:`trajkit.record.filters.TrajectoryFilter` subclasses with unique names. Those with
         ``enabled_by_default`` run unless ``--no_filter NAME`` turns them off; others run when
         named with ``--filter NAME``. A trajectory is rejected by the first filter, in name
         order, that gives a reason.
@@ -169,7 +169,7 @@ def trajkit_scorers() -> Sequence[type[Scorer]]:
     session after its last turn, in its still-open sandbox, before the sandbox is closed; rows
     whose check a scorer rejects (``row_problem``) are bad rows, reported before any session.
 
-    :return: :class:`trajkit.scorers.Scorer` subclasses with unique names. All implementations'
+    :return: :class:`trajkit.record.scorers.Scorer` subclasses with unique names. All implementations'
         results are collected; the checks of every scorer that applies are combined into the
         record's ``score`` (passed when every check passed, value the mean of their values), in
         name order; two scorers of the same name are an error naming both plugins.
@@ -180,7 +180,7 @@ def trajkit_scorers() -> Sequence[type[Scorer]]:
 def trajkit_writers() -> Sequence[type[OutputWriter]]:
     """Register output writers.
 
-    :return: :class:`trajkit.writers.OutputWriter` subclasses with unique names; ``--writer``
+    :return: :class:`trajkit.record.writers.OutputWriter` subclasses with unique names; ``--writer``
         selects them, the ones marked ``default`` when it is not given.
     """
 
@@ -191,7 +191,7 @@ def trajkit_executors() -> Sequence[type[Executor]]:
 
     Called once, when ``trajkit run`` first needs the registry (before reading the dataset).
 
-    :return: :class:`trajkit.executor.Executor` subclasses, each with a unique ``name`` and its
+    :return: :class:`trajkit.run.executor.Executor` subclasses, each with a unique ``name`` and its
         settings as a pydantic model in ``Settings``; ``--executor NAME`` selects one (``local``,
         this process's event loop, by default) and ``[executor_options.NAME]`` holds its settings.
         An executor receives the pending work items and hands back records or failures; it never
@@ -234,7 +234,7 @@ def trajkit_search_providers() -> Sequence[type[SearchProvider]]:
     (each provider's ``Settings`` become ``--NAME.KEY`` and ``[search_options.NAME]``), and when
     the ``web`` toolset starts for a run, in each process where its sessions run.
 
-    :return: :class:`trajkit.search.SearchProvider` subclasses, each with a unique ``name``, its
+    :return: :class:`trajkit.tools.search.SearchProvider` subclasses, each with a unique ``name``, its
         settings as a pydantic model in ``Settings`` and the environment variable of its key in
         ``key_variable``; ``--web.search_provider NAME`` selects one. All implementations' results
         are collected; two providers of the same name are an error naming both plugins.

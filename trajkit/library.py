@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from trajkit.agent import ConversationResult, Session, run_conversation
-from trajkit.config import DEFAULT_SYSTEM_PROMPT
-from trajkit.configure import resolve
+from trajkit.config.resolve import resolve
+from trajkit.config.run_config import DEFAULT_SYSTEM_PROMPT
 from trajkit.manager import PluginHost, load_plugins
-from trajkit.offer import Offer, missing
-from trajkit.offer import resolve as resolve_offer
 from trajkit.sandbox import SandboxSpec
 from trajkit.tools import ToolRun, ToolSession, close_session, open_toolsets
+from trajkit.tools.offer import Offer, missing
+from trajkit.tools.offer import resolve as resolve_offer
 
 log = logging.getLogger("trajkit")
 

@@ -18,48 +18,48 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pluggy
 
 from trajkit import hookspecs
+from trajkit.config.settings import did_you_mean
 from trajkit.hookspecs import PackageHint
-from trajkit.settings import did_you_mean
 
 if TYPE_CHECKING:
     import click
 
     from trajkit.compress.base import Compressor, TokenCounter
-    from trajkit.config import RunConfig
-    from trajkit.distributions import Distribution
-    from trajkit.executor import Executor
-    from trajkit.filters import Record, TrajectoryFilter
+    from trajkit.config.run_config import RunConfig
     from trajkit.model import ModelClient
+    from trajkit.record.filters import Record, TrajectoryFilter
+    from trajkit.record.scorers import Scorer
+    from trajkit.record.writers import OutputWriter
+    from trajkit.run.executor import Executor
     from trajkit.sandbox import SandboxBackend
-    from trajkit.scorers import Scorer
-    from trajkit.search import SearchProvider
     from trajkit.tools import Tool, Toolset
-    from trajkit.writers import OutputWriter
+    from trajkit.tools.distributions import Distribution
+    from trajkit.tools.search import SearchProvider
 
 ENTRY_POINT_GROUP = "trajkit"
 BLOCK_ENV = "TRAJKIT_DISABLE_PLUGINS"
 
 # Built-in behaviour, registered through the same hooks a third-party plugin uses.
 DEFAULT_PLUGINS = (
-    "trajkit.plugins.openai_client",
+    "trajkit.plugins.openai.client",
     "trajkit.plugins.scripted_model",
-    "trajkit.plugins.local_sandbox",
+    "trajkit.plugins.local.sandbox",
     "trajkit.plugins.toolsets",
-    "trajkit.plugins.file_tools",
-    "trajkit.plugins.web",
-    "trajkit.plugins.search_providers",
-    "trajkit.plugins.vision",
-    "trajkit.plugins.browser",
-    "trajkit.plugins.image_gen",
-    "trajkit.plugins.mcp",
+    "trajkit.plugins.files.tools",
+    "trajkit.plugins.web.toolset",
+    "trajkit.plugins.web.search_providers",
+    "trajkit.plugins.web.vision",
+    "trajkit.plugins.browser.toolset",
+    "trajkit.plugins.web.image_gen",
+    "trajkit.plugins.mcp.toolset",
     "trajkit.plugins.distributions",
     "trajkit.plugins.filters",
     "trajkit.plugins.scorers",
-    "trajkit.plugins.writers",
+    "trajkit.plugins.export.writers",
     "trajkit.plugins.local_executor",
-    "trajkit.plugins.export",
-    "trajkit.plugins.report",
-    "trajkit.plugins.compare",
+    "trajkit.plugins.export.command",
+    "trajkit.plugins.report.command",
+    "trajkit.plugins.compare.command",
     "trajkit.plugins.compressors",
     "trajkit.plugins.token_counters",
     "trajkit.plugins.serve",

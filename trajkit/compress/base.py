@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from trajkit.settings import StrictSettings
+from trajkit.config.settings import StrictSettings
 
 Turn = dict[str, Any]
 """One ShareGPT turn as found in the record: ``from``, ``value`` and whatever else it carries."""

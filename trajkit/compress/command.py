@@ -15,9 +15,9 @@ from typing import Any
 import click
 
 from trajkit.cli import option
-from trajkit.cli_options import PluginCommand, given_settings, plugin_options
 from trajkit.compress.step import CompressStep
-from trajkit.configure import CONCERNS
+from trajkit.config.cli_options import PluginCommand, given_settings, plugin_options
+from trajkit.config.resolve import CONCERNS
 from trajkit.manager import PluginError, PluginHost
 
 log = logging.getLogger("trajkit")
@@ -97,7 +97,7 @@ def client_params(host: PluginHost, command: click.Command) -> list[click.Parame
 
 
 def _list(host: PluginHost) -> None:
-    from trajkit.settings import describe_settings
+    from trajkit.config.settings import describe_settings
 
     registries: list[tuple[str, dict[str, Any]]] = [
         ("strategies", dict(host.compressors)),

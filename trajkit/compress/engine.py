@@ -26,8 +26,8 @@ from trajkit.compress.base import Compressor, Outcome, TokenCounter
 from trajkit.compress.metrics import Metrics
 from trajkit.compress.turns import problems
 from trajkit.jsonutil import dumps_line, loads
-from trajkit.rundir import write_atomic
-from trajkit.secrets import Scrubber
+from trajkit.record.secrets import Scrubber
+from trajkit.run.rundir import write_atomic
 
 log = logging.getLogger("trajkit")
 

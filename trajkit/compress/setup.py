@@ -22,11 +22,11 @@ from trajkit.compress.engine import (
     sidecar,
 )
 from trajkit.compress.metrics import Metrics
+from trajkit.config.settings import OptionError, build_settings, parse_pairs
 from trajkit.manager import PluginError, PluginHost
 from trajkit.model import ModelClient, ModelError
-from trajkit.rundir import KEPT_FILE, RunIOError, write_json_atomic
-from trajkit.secrets import Scrubber, environment_secrets
-from trajkit.settings import OptionError, build_settings, parse_pairs
+from trajkit.record.secrets import Scrubber, environment_secrets
+from trajkit.run.rundir import KEPT_FILE, RunIOError, write_json_atomic
 
 log = logging.getLogger("trajkit")
 
@@ -208,7 +208,7 @@ def build_compressor(
 
 def _client(host: PluginHost, flags: dict[str, Any]) -> tuple[ModelClient, list[str]]:
     """The model client the run would build for these flags: its retries, limits and accounting."""
-    from trajkit.configure import ConfigurationError, resolve
+    from trajkit.config.resolve import ConfigurationError, resolve
 
     given, places = flags.get("client_settings") or ({}, {})
     concurrency = flags["concurrency"]

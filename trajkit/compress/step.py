@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from trajkit.compress.metrics import Metrics
-    from trajkit.config import RunConfig
+    from trajkit.config.run_config import RunConfig
     from trajkit.manager import PluginHost
 
 log = logging.getLogger("trajkit")
@@ -54,8 +54,8 @@ def check(config: RunConfig, host: PluginHost) -> None:
     """Build the step's strategy and token counter before the run starts, so a misspelled one is
     refused before any session is paid for; raises :class:`StepFailed`."""
     from trajkit.compress.setup import SetupError, build_compressor, build_counter
+    from trajkit.config.settings import OptionError
     from trajkit.manager import PluginError
-    from trajkit.settings import OptionError
 
     step = config.compress
     if step.max_tokens is None:

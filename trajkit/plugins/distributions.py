@@ -3,7 +3,7 @@
 The reference's names keep the reference's weights, so a dataset made with ``--distribution
 research`` here draws what the reference's would. They name toolsets that other plugins provide
 (``web``, ``vision``, ``image_gen``, ``browser``): a run leaves out those it cannot offer and
-draws over the rest (see :mod:`trajkit.offer`). trajkit's own distributions use names the
+draws over the rest (see :mod:`trajkit.tools.offer`). trajkit's own distributions use names the
 reference does not have; ``sandboxed`` is the default, since it needs nothing beyond the sandbox
 (no network, no key).
 """
@@ -11,7 +11,7 @@ reference does not have; ``sandboxed`` is the default, since it needs nothing be
 from __future__ import annotations
 
 from trajkit import hookimpl
-from trajkit.distributions import Distribution
+from trajkit.tools.distributions import Distribution
 
 _SIX = ("web", "vision", "image_gen", "terminal", "file", "browser")
 

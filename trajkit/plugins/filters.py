@@ -6,8 +6,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from trajkit import hookimpl
-from trajkit.filters import Record, TrajectoryFilter
-from trajkit.settings import StrictSettings
+from trajkit.config.settings import StrictSettings
+from trajkit.record.filters import Record, TrajectoryFilter
 
 
 @hookimpl
@@ -100,7 +100,7 @@ class PassedSettings(StrictSettings):
 
 class Passed(TrajectoryFilter):
     """Rejects a trajectory that failed its row's checks (the record's ``score``, see
-    :mod:`trajkit.scorers`), and one whose row has no check unless ``keep_unscored``."""
+    :mod:`trajkit.record.scorers`), and one whose row has no check unless ``keep_unscored``."""
 
     name = "passed"
     description = "keep only trajectories that passed their row's checks"

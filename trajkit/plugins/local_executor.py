@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trajkit import hookimpl
-from trajkit.executor import Driver, Executor, SessionPlan, WorkOrder
+from trajkit.run.executor import Driver, Executor, SessionPlan, WorkOrder
 
 if TYPE_CHECKING:
-    from trajkit.execute import Sessions
     from trajkit.manager import PluginHost
+    from trajkit.run.attempt import Sessions
 
 log = logging.getLogger("trajkit")
 
@@ -33,7 +33,7 @@ class LocalExecutor(Executor):
     sessions: Sessions | None = None
 
     async def start(self, plan: SessionPlan, host: PluginHost) -> None:
-        from trajkit.execute import Sessions  # the agent and the record models: only when a run starts
+        from trajkit.run.attempt import Sessions  # the agent and the record models: only when a run starts
 
         self.sessions = Sessions(plan, host)
         self.workers = plan.config.num_workers

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from trajkit import hookimpl
 
 if TYPE_CHECKING:
-    from trajkit.filters import Record
     from trajkit.hookspecs import RunInfo
+    from trajkit.record.filters import Record
 
 log = logging.getLogger("trajkit")
 
@@ -42,7 +42,7 @@ def trajkit_trajectory_finished(run: RunInfo, record: Record, rejection: str | N
 def trajkit_run_end(run: RunInfo, statistics: Mapping[str, Any]) -> None:
     if not statistics["trajectories"] or statistics["kept"]:
         return
-    from trajkit.run_settings import resume_command
+    from trajkit.run.settings import resume_command
 
     filters = sorted(statistics["rejected_by_filter"])
     disable = [part for name in filters for part in ("--no_filter", name)]

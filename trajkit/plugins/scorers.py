@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trajkit import hookimpl
-from trajkit.scorers import DETAIL_CHARS, Check, ScoreContext, Scorer, clip
+from trajkit.record.scorers import DETAIL_CHARS, Check, ScoreContext, Scorer, clip
 
 
 @hookimpl

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trajkit import hookimpl
-from trajkit.config import RunConfig
+from trajkit.config.run_config import RunConfig
 from trajkit.model import AssistantMessage, Message, ModelClient, parse_assistant_message
 
 

@@ -20,8 +20,8 @@ from pydantic import ValidationError
 
 from trajkit import hookimpl
 from trajkit.cli import configure, load_host, read_given
-from trajkit.cli_options import PluginCommand, SettingOption, model_options, plugin_options, spellings
-from trajkit.config import RunConfig
+from trajkit.config.cli_options import PluginCommand, SettingOption, model_options, plugin_options, spellings
+from trajkit.config.run_config import RunConfig
 from trajkit.manager import PluginHost
 
 log = logging.getLogger("trajkit")
@@ -74,7 +74,7 @@ def serve(ctx: click.Context, **flags: Any) -> None:
 
 def build_settings(ctx: click.Context, host: PluginHost, flags: dict[str, Any]) -> tuple[RunConfig, Any]:
     """The run configuration and the server settings, flags over the configuration file."""
-    from trajkit.configure import describe_errors
+    from trajkit.config.resolve import describe_errors
     from trajkit.serve.settings import ServerKeyError, ServeSettings, check_exposure, read_server_key
 
     key_file = flags.pop("server_key_file", None)
@@ -104,8 +104,8 @@ def run_server(config: RunConfig, settings: Any, host: Any) -> int:
     """Serve until stopped; returns the exit code."""
     from trajkit.manager import PluginError
     from trajkit.model import ModelConfigError
-    from trajkit.rundir import RunIOError, RunLocked
-    from trajkit.runner import RunError
+    from trajkit.run.rundir import RunIOError, RunLocked
+    from trajkit.run.runner import RunError
     from trajkit.serve.app import serve_until_stopped
     from trajkit.serve.service import ServedAgent
 

@@ -20,10 +20,10 @@ from typing import Any
 
 from pydantic import Field
 
-from trajkit import hookimpl, shell
-from trajkit.processes import SandboxProcess
-from trajkit.sandbox import cap_text
-from trajkit.settings import StrictSettings
+from trajkit import hookimpl
+from trajkit.config.settings import StrictSettings
+from trajkit.sandbox import cap_text, shell
+from trajkit.sandbox.processes import SandboxProcess
 from trajkit.tools import Tool, ToolContext, ToolError, Toolset
 
 MAX_STDIN_WRITE = 64 * 1024

@@ -23,21 +23,21 @@ from typing import Any
 
 from trajkit import __version__
 from trajkit.agent import ConversationResult
-from trajkit.config import RunConfig
-from trajkit.dataset import prompt_id
-from trajkit.filters import TrajectoryFilter
-from trajkit.finalize import merge_run, rejection
+from trajkit.config.run_config import RunConfig
 from trajkit.hookspecs import RunInfo
 from trajkit.jsonutil import dumps_line
-from trajkit.ledger import SERVED, LedgerIndex, LedgerWriter, in_ledger_order, scan
 from trajkit.manager import PluginHost
 from trajkit.model import Message
-from trajkit.records import record_json
-from trajkit.run_settings import changed_settings
-from trajkit.rundir import Manifest, ManifestKeeper, RunIOError, RunLock
-from trajkit.secrets import Scrubber
-from trajkit.tool_catalog import ToolCatalog, tool_schemas_key
-from trajkit.writers import OutputWriter
+from trajkit.record.filters import TrajectoryFilter
+from trajkit.record.secrets import Scrubber
+from trajkit.record.trajectory import record_json
+from trajkit.record.writers import OutputWriter
+from trajkit.run.dataset import prompt_id
+from trajkit.run.finalize import merge_run, rejection
+from trajkit.run.ledger import SERVED, LedgerIndex, LedgerWriter, in_ledger_order, scan
+from trajkit.run.rundir import Manifest, ManifestKeeper, RunIOError, RunLock
+from trajkit.run.settings import changed_settings
+from trajkit.tools.catalog import ToolCatalog, tool_schemas_key
 
 log = logging.getLogger("trajkit")
 

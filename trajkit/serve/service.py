@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from trajkit.agent import ConversationResult, Session, ToolStatus, run_conversation
-from trajkit.config import RunConfig
+from trajkit.config.run_config import RunConfig
 from trajkit.manager import PluginHost
 from trajkit.model import AssistantMessage, Message, ModelClient, ToolCall
-from trajkit.runner import Runner
+from trajkit.record.secrets import Scrubber, environment_secrets
+from trajkit.run.runner import Runner
 from trajkit.sandbox import Sandbox, SandboxBackend, SandboxSpec
-from trajkit.secrets import Scrubber, environment_secrets
 from trajkit.serve.protocol import ChatRequest, ProtocolError
 from trajkit.serve.recorder import Recorder
 from trajkit.serve.settings import ServeSettings

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from trajkit.secrets import read_key_file
+from trajkit.record.secrets import read_key_file
 
 KEY_VARIABLE = "TRAJKIT_SERVER_KEY"
 MIN_KEY_LENGTH = 16

@@ -216,7 +216,7 @@ class HostileConformance(PrivilegeConformance):
 
     def test_file_tools_tell_the_model_of_unusable_paths(self, harness: BackendHarness) -> None:
         """What the model sees: a tool error for each such path, on every backend, naming no host path."""
-        from trajkit.plugins.file_tools import FILE
+        from trajkit.plugins.files.tools import FILE
         from trajkit.tools import ToolContext, ToolError
 
         tools = {tool.name: tool for tool in FILE.tools}

@@ -1,5 +1,5 @@
 # One `terminal` call that carries on where the previous one left off, as in an interactive shell
-# (joined into one line before the command, trajkit/shell.py, so that its line numbers stay its own):
+# (joined into one line before the command, trajkit/sandbox/shell.py, so that its line numbers stay its own):
 # the working directory and the exported variables of the last call are restored before the command
 # runs, and saved when it ends (however it ends but by being killed or replacing the shell with
 # `exec`). Prefixed with __tk_state (the file of the state, in the sandbox's temporary directory),

@@ -6,14 +6,14 @@ import sys
 
 
 def main() -> None:
-    from trajkit.config import ConfigFileError
-    from trajkit.configure import ConfigurationError
-    from trajkit.dataset import DatasetError
+    from trajkit.config.resolve import ConfigurationError
+    from trajkit.config.run_config import ConfigFileError
     from trajkit.manager import PluginError
-    from trajkit.offer import OfferError
-    from trajkit.plan import RunError
-    from trajkit.plugins.chat_templates.source import TemplateSourceError
-    from trajkit.rundir import RunIOError, RunLocked
+    from trajkit.plugins.export.chat_templates.source import TemplateSourceError
+    from trajkit.run.dataset import DatasetError
+    from trajkit.run.plan import RunError
+    from trajkit.run.rundir import RunIOError, RunLocked
+    from trajkit.tools.offer import OfferError
     from trajkit_atropos.config import TrajkitEnvError
     from trajkit_atropos.env import TrajkitEnv
     from trajkit_atropos.tokens import RenderingError

@@ -10,7 +10,7 @@ from typing import Any
 from atroposlib.envs.base import BaseEnvConfig
 from pydantic import Field
 
-from trajkit.config import read_config_file
+from trajkit.config.run_config import read_config_file
 
 
 class TrajkitEnvError(Exception):

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trajkit.check_files import CheckFile
-from trajkit.config import RunConfig
-from trajkit.dataset import WorkItem
+from trajkit.config.run_config import RunConfig
 from trajkit.manager import PluginHost
-from trajkit.plan import read_work
+from trajkit.run.dataset import WorkItem
+from trajkit.run.plan import read_work
+from trajkit.sandbox.check_files import CheckFile
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from trajkit.environment import Environment, Rollout
-from trajkit.ledger import records
-from trajkit.plan import filters, run_tools, writers
-from trajkit.secrets import Scrubber, environment_secrets
+from trajkit.record.secrets import Scrubber, environment_secrets
+from trajkit.run.ledger import records
+from trajkit.run.plan import filters, run_tools, writers
 from trajkit.serve.recorder import Recorder
 
 ROW_KEYS = frozenset({"prompt", "image", "cwd", "backend"})

@@ -1,7 +1,7 @@
 """A rollout as the tokens a trainer trains on: rendered through the policy's chat template, the
 assistant's turns masked in.
 
-Rendering is the export's (:mod:`trajkit.plugins.chat_templates`): the conversation is adapted to
+Rendering is the export's (:mod:`trajkit.plugins.export.chat_templates`): the conversation is adapted to
 what the template takes, rendered by transformers' own renderer, checked (nothing dropped or
 mangled), and each assistant turn located as the text the model generates after the generation
 prompt (or the template's ``{% generation %}`` blocks), up to and including its end-of-turn
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trajkit.model import Message
-from trajkit.plugins.chat_templates.adapt import base_messages
-from trajkit.plugins.chat_templates.export import TemplateExport
-from trajkit.plugins.chat_templates.source import SPECIAL_TOKENS, ChatTemplate, load_chat_template
-from trajkit.records import conversations_json
+from trajkit.plugins.export.chat_templates.adapt import base_messages
+from trajkit.plugins.export.chat_templates.export import TemplateExport
+from trajkit.plugins.export.chat_templates.source import SPECIAL_TOKENS, ChatTemplate, load_chat_template
+from trajkit.record.trajectory import conversations_json
 
 NOT_TRAINED = -100
 """Atropos's mask value for a token the loss ignores."""
@@ -69,7 +69,7 @@ def policy_template(tokenizer: Any, override: str | None = None) -> ChatTemplate
 
 class Renderer:
     """Rollouts through one template and tokenizer; the template is fitted once (see
-    :func:`trajkit.plugins.chat_templates.export.fit_template`)."""
+    :func:`trajkit.plugins.export.chat_templates.export.fit_template`)."""
 
     def __init__(self, template: ChatTemplate, tokenizer: Tokenizer) -> None:
         self.template = template

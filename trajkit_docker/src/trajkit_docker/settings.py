@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
+from trajkit.config.settings import StrictSettings
 from trajkit.sandbox import ByteLimit, CountLimit, lowered
-from trajkit.settings import StrictSettings
 
 DEFAULT_USER = "1000:1000"
 """Who commands run as when the image names no user but root (``user=auto``)."""

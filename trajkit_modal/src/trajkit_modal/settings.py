@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from trajkit.settings import StrictSettings
+from trajkit.config.settings import StrictSettings
 
 
 class ModalSettings(StrictSettings):

@@ -3,7 +3,7 @@
 - **Where sessions run.** Each node that offers Ray CPUs gets one session actor per CPU
   (``--ray.actors_per_node``), pinned to it; ``--num_workers`` is the number of sessions in flight
   in the whole run, shared out among the actors. Each actor builds the session function
-  (:class:`trajkit.execute.Sessions`) from the pickled plan with the plugins installed on its
+  (:class:`trajkit.run.attempt.Sessions`) from the pickled plan with the plugins installed on its
   node, so the sandbox backends, their reaping and the image checks are that node's, done before
   any of its sessions spends a token.
 - **Streaming.** The driver keeps one :meth:`~trajkit_ray.worker.SessionWorker.exchange` call
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trajkit.executor import Driver, Executor, Failed, SessionPlan, WorkOrder
+from trajkit.run.executor import Driver, Executor, Failed, SessionPlan, WorkOrder
 from trajkit_ray.settings import RaySettings
 
 if TYPE_CHECKING:

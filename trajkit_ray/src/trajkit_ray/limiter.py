@@ -1,7 +1,7 @@
 """Run-wide request limits: one :class:`RequestLimiter` in a Ray actor, permits taken from there.
 
 Every session actor's model client holds a :class:`RemoteLimiter` (made through
-:func:`trajkit.ratelimit.shared_limits`) that asks the one :class:`LimiterActor` of the run for
+:func:`trajkit.model.ratelimit.shared_limits`) that asks the one :class:`LimiterActor` of the run for
 each request's permit, so ``--max_concurrent_requests``, ``--max_rpm`` and ``--max_tpm`` hold
 for the whole run, not once per actor, and persisting 429s slow every actor down. Permits are
 counted per holder (a session actor): when the driver finds an actor lost, :meth:`forget` refuses
@@ -16,7 +16,7 @@ import contextlib
 from collections import Counter
 from typing import Any
 
-from trajkit.ratelimit import RequestLimiter, own_wait
+from trajkit.model.ratelimit import RequestLimiter, own_wait
 
 
 class LostHolder(RuntimeError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trajkit import hookimpl
-from trajkit.executor import Executor
+from trajkit.run.executor import Executor
 from trajkit_ray.executor import RayExecutor
 
 

@@ -1,6 +1,6 @@
 """The session actor: many sessions at once on one Ray actor's event loop.
 
-Built on its node from the run's :class:`~trajkit.executor.SessionPlan` and the plugins installed
+Built on its node from the run's :class:`~trajkit.run.executor.SessionPlan` and the plugins installed
 there (:func:`trajkit.manager.load_plugins`), so the model client, the sandbox backends and the
 images verified are this node's. The driver hands it work and collects what happened with one
 call, :meth:`SessionWorker.exchange`, which returns every event since the last call in one batch.
@@ -16,10 +16,10 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from trajkit.execute import Sessions
-from trajkit.executor import Failed, Outcome, SessionPlan, WorkOrder
 from trajkit.manager import load_plugins
-from trajkit.ratelimit import RequestLimiter, shared_limits
+from trajkit.model.ratelimit import RequestLimiter, shared_limits
+from trajkit.run.attempt import Sessions
+from trajkit.run.executor import Failed, Outcome, SessionPlan, WorkOrder
 from trajkit_ray.limiter import RemoteLimiter
 
 log = logging.getLogger("trajkit")
@@ -30,7 +30,7 @@ Event = Started | Outcome
 
 
 class _Events:
-    """The actor's side of the :class:`~trajkit.executor.Driver`: it queues what happens for the
+    """The actor's side of the :class:`~trajkit.run.executor.Driver`: it queues what happens for the
     driver's next :meth:`SessionWorker.exchange`. The driver decided ``may_start`` before sending."""
 
     def __init__(self) -> None:

@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, model_validator
 
+from trajkit.config.settings import StrictSettings
 from trajkit.sandbox import ByteLimit, CountLimit, SandboxError, lowered
-from trajkit.settings import StrictSettings
 
 CACHE_VARIABLE = "TRAJKIT_SIF_CACHE"
 """The environment variable naming the cache directory when ``cache_dir`` is not set."""

@@ -12,9 +12,9 @@ import os
 from pydantic import Field
 
 from trajkit import hookimpl
-from trajkit.filters import Record, TrajectoryFilter
+from trajkit.config.settings import StrictSettings
 from trajkit.manager import PluginError
-from trajkit.settings import StrictSettings
+from trajkit.record.filters import Record, TrajectoryFilter
 
 ENV_MINIMUM = "TRAJKIT_MIN_TOOL_CALLS"
 DEFAULT_MINIMUM = 2

@@ -1,0 +1,1 @@
+"""The browser toolset: a headless Chromium driven by Playwright, reached through a filtering proxy."""

@@ -1,0 +1,1 @@
+"""The file toolset: reading, writing, patching and searching files in the sandbox."""

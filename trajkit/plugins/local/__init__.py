@@ -1,0 +1,1 @@
+"""The local sandbox backend: a directory of the host, commands confined by bubblewrap and cgroups."""

@@ -1,0 +1,300 @@
+"""The local sandbox: a fresh directory per prompt, isolated by bubblewrap wherever it can be.
+
+Settings (``--sandbox_option local.KEY=VALUE``, ``[sandbox_options.local]``): see
+:class:`LocalSettings`. By default a session's commands run in one bubblewrap sandbox of its own
+(see :mod:`trajkit.plugins.local.bubblewrap`: an unprivileged user with no capability, only the system
+directories read-only, a private /tmp, no network, its own PID namespace), started by its first
+command and kept until the session ends, with a supervisor inside that starts every command
+(:mod:`trajkit.plugins.local.supervisor`). Where bubblewrap cannot work the run says once that
+commands run unconfined; ``isolation=none`` is the explicit opt-out.
+
+Whatever the isolation, the file tools reach only the prompt's working directory, through
+:class:`trajkit.sandbox.confined.Beneath`: no symlink or ``..`` out of it, regular files only, reads capped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field
+
+from trajkit import hookimpl
+from trajkit.config.settings import StrictSettings
+from trajkit.plugins.local import bubblewrap
+from trajkit.plugins.local import cgroups as local_cgroups
+from trajkit.plugins.local.bubblewrap import Confinement, HostUser
+from trajkit.plugins.local.processes import kill_marked
+from trajkit.plugins.local.run import MARKER, LocalSandbox, find_shell
+from trajkit.sandbox import (
+    DEFAULT_CWD,
+    ByteSize,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxSpec,
+    lowered,
+    owner_gone,
+    owner_tag,
+)
+
+log = logging.getLogger(__name__)
+
+CGROUP_PREFIX = "trajkit-"
+"""A backend's sandbox cgroups live in a directory named CGROUP_PREFIX + its process's pid + a token
+of its own: several backends of one process (a library user's, a test's) never share one."""
+OWNER_FILE = "owner.json"
+OWNER_GRACE = 600.0
+"""Seconds a sandbox directory without a readable owner file is left alone by the reaper."""
+SANDBOX_NAME = re.compile(r"^.+\.[a-z0-9_]{8}$")
+"""A sandbox directory's name (``RUN_ID.`` and :func:`tempfile.mkdtemp`'s eight characters)."""
+ACCOUNTS_DIR = ".accounts"
+"""In the sandbox root: the ``passwd`` and ``group`` files bound into every sandbox."""
+NOBODY = 65534
+
+
+@hookimpl
+def trajkit_sandbox_backends() -> list[type[SandboxBackend]]:
+    return [LocalBackend]
+
+
+def _paths(value: object) -> object:
+    """A comma-separated text (from a flag) as a list of paths; other values pass through."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class LocalSettings(StrictSettings):
+    """The local backend's settings; safe by default (bubblewrap where it works, no network)."""
+
+    isolation: Annotated[Literal["auto", "bwrap", "none"], BeforeValidator(lowered)] = Field(
+        "auto",
+        description="auto: every session's commands in a bubblewrap sandbox when it works here "
+        "(unprivileged user, no capability, read-only system directories, private /tmp, no network, "
+        "own PID namespace), else the run says once that commands run unconfined; bwrap: insist on "
+        "bubblewrap; none: the explicit opt-out, commands run as ordinary processes of this user",
+    )
+    network: Annotated[Literal["none", "host"], BeforeValidator(lowered)] = Field(
+        "none", description="none: isolated commands have no network; host: they share the host's"
+    )
+    shell: str | None = Field(
+        None,
+        description="the shell running commands (a path or a name on PATH); bash, else /bin/sh, when "
+        "unset. Isolated sessions run bash's commands in their supervisor without starting a program; "
+        "any other shell is started for every command",
+    )
+    root: str | None = Field(
+        None,
+        description="where the prompts' directories live; unset: a private directory of this user's "
+        "in the temporary directory",
+    )
+    max_processes: int = Field(
+        1024, gt=0, description="processes a sandbox may hold at once (through a cgroup of its own)"
+    )
+    memory: ByteSize = Field(
+        4 * 1024**3,
+        gt=0,
+        description="bytes of memory a sandbox may use (through a cgroup of its own), e.g. 512M or "
+        "4G (the default)",
+    )
+    sandbox_uid: int = Field(
+        NOBODY,
+        gt=0,
+        description="when trajkit runs as root: the unprivileged host user (and group) an isolated "
+        "sandbox's processes are, and who owns its working directory",
+    )
+    read_only: Annotated[list[str], BeforeValidator(_paths)] = Field(
+        [],
+        description="host directories isolated sandboxes also see, read-only, besides /usr, /etc "
+        "and the /bin, /sbin and /lib* links (comma-separated absolute paths, e.g. /opt/conda)",
+    )
+
+
+class LocalBackend(SandboxBackend):
+    name = "local"
+    description = "directory per prompt, in bubblewrap where installed; isolation=none opts out"
+    Settings = LocalSettings
+    settings: LocalSettings
+
+    def __init__(self, settings: LocalSettings | Mapping[str, object] | None = None) -> None:
+        super().__init__(settings)
+        for path in self.settings.read_only:
+            if not path.startswith("/"):
+                raise SandboxError(f"local sandbox: read_only needs absolute paths, not {path!r}")
+        self.root_text = self.settings.root or os.path.join(
+            tempfile.gettempdir(), f"trajkit-sandboxes-{os.getuid()}"
+        )
+        self.root = Path(self.root_text)
+        self.shell = find_shell(self.settings.shell or "")
+        self.host_user = (
+            HostUser(self.settings.sandbox_uid, self.settings.sandbox_uid) if os.geteuid() == 0 else None
+        )
+        self.isolated = _isolation(self.settings.isolation, self.host_user)
+        if self.isolated and self.host_user is not None:
+            blocked = _blocked_ancestor(os.path.abspath(self.root_text), self.host_user)
+            if blocked:
+                raise SandboxError(
+                    f"local sandbox: {self.root_text} is out of its sandboxes' reach: they run as "
+                    f"uid {self.host_user.uid}, which {blocked} does not let through. Set local.root "
+                    "below directories that let others pass (the default, in the temporary "
+                    f"directory, does), or let them pass: chmod o+x {blocked}"
+                )
+        self.confinement: Confinement | None = None
+        self.root_ready = False
+        self.cgroup_owner = f"{CGROUP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        self._cgroups: local_cgroups.Cgroups | str | None = None
+
+    @property
+    def cgroups(self) -> local_cgroups.Cgroups | None:
+        """This backend's sandbox cgroups, made when the first sandbox runs a command."""
+        if self._cgroups is None:
+            self._cgroups = local_cgroups.detect(
+                self.cgroup_owner, max_processes=self.settings.max_processes, memory=self.settings.memory
+            )
+            if isinstance(self._cgroups, str):
+                log.warning("local sandbox: no per-sandbox process or memory limit here: %s", self._cgroups)
+        return self._cgroups if isinstance(self._cgroups, local_cgroups.Cgroups) else None
+
+    def _prepare_root(self) -> None:
+        _private_root(self.root_text, traversable=self.isolated and self.host_user is not None)
+        if self.isolated:
+            accounts = os.path.join(self.root_text, ACCOUNTS_DIR)
+            os.makedirs(accounts, mode=0o755, exist_ok=True)
+            os.chmod(accounts, 0o755)
+            self.confinement = Confinement(
+                self.root_text,
+                network=self.settings.network == "host",
+                read_only=self.settings.read_only,
+                host_user=self.host_user,
+                account_files=bubblewrap.write_account_files(accounts),
+            )
+        self.root_ready = True
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        cwd = os.path.normpath(spec.cwd or DEFAULT_CWD)
+        if not cwd.startswith("/"):
+            cwd = os.path.normpath(f"{DEFAULT_CWD}/{cwd}")
+        if not self.root_ready:
+            self._prepare_root()
+        if self.confinement is not None:
+            problem = self.confinement.check_cwd(cwd)
+            if problem:
+                raise SandboxError(f"local sandbox: {problem}")
+        # Plain strings and os calls: at a thousand sessions in flight, pathlib's objects cost more
+        # CPU than the system calls they wrap.
+        base = tempfile.mkdtemp(prefix=f"{spec.run_id}.", dir=self.root_text)
+        owner = {"owner": owner_tag(), "deadline": time.time() + spec.lifetime}
+        with open(os.path.join(base, OWNER_FILE), "wb") as handle:
+            handle.write(json.dumps(owner).encode())
+        workdir = os.path.join(base, "w")
+        os.mkdir(workdir, 0o755)
+        if self.isolated:
+            bubblewrap.hand_over(base, self.host_user)  # the sandbox's user reaches its directory
+            bubblewrap.hand_over(workdir, self.host_user)
+        return LocalSandbox(self, base, workdir, cwd)
+
+    async def reap(self, run_id: str | None = None) -> int:
+        if run_id is None:
+            await asyncio.to_thread(local_cgroups.reap_abandoned, CGROUP_PREFIX)
+        if not self.root.is_dir():
+            return 0
+        removed = 0
+        for base in self.root.iterdir():
+            if base.name == ACCOUNTS_DIR:
+                continue
+            if run_id is not None and not base.name.startswith(f"{run_id}."):
+                continue
+            if run_id is None and not _abandoned(base / OWNER_FILE):
+                continue
+            await asyncio.to_thread(kill_marked, MARKER, base.name)
+            await asyncio.to_thread(shutil.rmtree, base, True)
+            removed += 1
+        return removed
+
+    async def aclose(self) -> None:
+        if isinstance(self._cgroups, local_cgroups.Cgroups):
+            await asyncio.to_thread(self._cgroups.close)
+
+
+def _isolation(wanted: str, host_user: HostUser | None) -> bool:
+    if wanted == "none":
+        return False
+    problem = bubblewrap.works(host_user)
+    if problem is None:
+        return True
+    if wanted == "bwrap":
+        raise SandboxError(f"local sandbox: isolation=bwrap, but {problem}")
+    log.warning(
+        "local sandbox: commands run UNCONFINED, with this user's access to the machine: %s. "
+        "Install bubblewrap to isolate them, or pass --sandbox_option local.isolation=none to say "
+        "this is intended.",
+        problem,
+    )
+    return False
+
+
+def _private_root(root: str, *, traversable: bool) -> None:
+    """Create the sandbox root, for this user alone (``traversable``: others may pass through it
+    to a directory whose name they know, as the sandboxes' own host user must), and refuse one
+    that someone else owns."""
+    mode = 0o711 if traversable else 0o700
+    os.makedirs(root, mode=mode, exist_ok=True)
+    info = os.lstat(root)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise SandboxError(f"local sandbox: {root} is not a directory of this user's; set local.root")
+    if stat.S_IMODE(info.st_mode) != mode:
+        os.chmod(root, mode)
+
+
+def _blocked_ancestor(path: str, user: HostUser) -> str | None:
+    """The first existing directory above ``path`` that ``user`` may not pass through, or None."""
+    parts = path.strip("/").split("/")
+    for depth in range(len(parts)):
+        directory = "/" + "/".join(parts[:depth])
+        try:
+            info = os.stat(directory)
+        except FileNotFoundError:
+            return None
+        if info.st_uid == user.uid:
+            allowed = info.st_mode & stat.S_IXUSR
+        elif info.st_gid == user.gid:
+            allowed = info.st_mode & stat.S_IXGRP
+        else:
+            allowed = info.st_mode & stat.S_IXOTH
+        if not allowed:
+            return directory
+    return None
+
+
+def _abandoned(owner_file: Path) -> bool:
+    """True if the sandbox's owner process is gone or its lifetime is over.
+
+    A sandbox whose owner file cannot be read yet is one that another process is making this
+    moment (between its directory and the file, or mid-write): abandoned only once it has stayed
+    so for :data:`OWNER_GRACE` seconds, as a crash at that moment leaves it. A directory whose name
+    is not a sandbox's is none of ours (a custom root may hold other things): never removed.
+    """
+    if not SANDBOX_NAME.match(owner_file.parent.name):
+        return False
+    try:
+        owner = json.loads(owner_file.read_text())
+    except (OSError, ValueError):
+        try:
+            return time.time() - owner_file.parent.stat().st_mtime > OWNER_GRACE
+        except OSError:
+            return False  # gone already
+    if time.time() > owner.get("deadline", 0):
+        return True
+    return owner_gone(str(owner.get("owner", "")))

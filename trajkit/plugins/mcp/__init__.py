@@ -1,0 +1,1 @@
+"""MCP servers as toolsets, through the official MCP SDK."""

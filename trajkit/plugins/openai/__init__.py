@@ -1,0 +1,1 @@
+"""The OpenAI-compatible model client: its settings, the endpoint, the wire format."""

@@ -1,0 +1,1 @@
+"""``trajkit report``: one run's statistics as a self-contained HTML page."""

@@ -1,0 +1,1 @@
+"""The web toolsets: search, page reading, vision and image generation."""
