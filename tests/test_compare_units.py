@@ -166,5 +166,5 @@ def test_every_template_and_static_file_is_package_data() -> None:
         seen.add(f"{name}:{relative}")
         if not any(fnmatch.fnmatch(relative, p) for p in patterns.get(name, [])):
             missing.append(f"{name}:{relative}")
-    assert {"trajkit.plugins.report:templates/page.html", "trajkit.plugins.report:static/compare.js"} <= seen
+    assert {"trajkit.plugins.report:templates/page.html", "trajkit.plugins.compare:static/compare.js"} <= seen
     assert missing == []

@@ -1,10 +1,10 @@
 """The ``trajkit compare --html`` page: one self-contained file in the style of the report.
 
-The markup is a jinja2 template (``templates/compare.html``, a frame of
-:func:`trajkit.plugins.report.page.render_page`): the differences, the runs and the tables of
+The markup is a jinja2 template (``templates/compare.html`` of this package, extending the
+report's frame through :func:`trajkit.plugins.report.page.render_page`): the differences, the runs and the tables of
 :mod:`trajkit.plugins.compare.tables` are rendered there, escaped by jinja2. The charts are drawn
 by ``static/compare.js`` from the comparison embedded as JSON; style and helpers are the report's
-(``static/page.css``, ``static/page.js``).
+(``page.css``, ``page.js``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def render_comparison(data: dict[str, Any]) -> str:
         data=data,
         styles=["page.css", "compare.css"],
         scripts=["page.js", "compare.js"],
+        package="trajkit.plugins.compare",
         comparison=data,
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         version=__version__,

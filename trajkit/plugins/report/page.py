@@ -1,9 +1,10 @@
 """trajkit's HTML pages (``trajkit report``, ``trajkit compare``): each one self-contained file.
 
-The markup is jinja2 templates (``trajkit/plugins/report/templates``: ``page.html``, the frame every page
-extends, holding the Content-Security-Policy that forbids every fetch), the style and the shared
-scripts are static files (``trajkit/plugins/report/static``), all package data and all inlined, and the
-page's data is embedded as JSON its script reads.
+The markup is jinja2 templates (``templates/page.html`` of this package, the frame every page
+extends, holding the Content-Security-Policy that forbids every fetch; a page's own template in its
+plugin's ``templates``), the style and the scripts are static files (``static``: the shared ones
+here, a page's own in its plugin's), all package data and all inlined, and the page's data is
+embedded as JSON its script reads.
 """
 
 from __future__ import annotations
@@ -27,22 +28,28 @@ def embed_json(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-@functools.cache
-def asset(name: str) -> str:
-    """A file of the pages' style and scripts (``trajkit/plugins/report/static``)."""
-    return (
-        importlib.resources.files("trajkit.plugins.report")
-        .joinpath("static", name)
-        .read_text(encoding="utf-8")
-    )
+SHARED = "trajkit.plugins.report"
+"""The package of the frame every page extends and of the shared style and scripts."""
 
 
 @functools.cache
-def templates() -> jinja2.Environment:
+def asset(package: str, name: str) -> str:
+    """A file of a page's style and scripts: ``package``'s ``static/name``, else the shared one."""
+    for source in dict.fromkeys((package, SHARED)):
+        path = importlib.resources.files(source).joinpath("static", name)
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    raise FileNotFoundError(f"no static file {name!r} in {package} or {SHARED}")
+
+
+@functools.cache
+def templates(package: str) -> jinja2.Environment:
+    """The templates of ``package``, then the shared ones (``page.html``)."""
     import jinja2
 
+    loaders = [jinja2.PackageLoader(source, "templates") for source in dict.fromkeys((package, SHARED))]
     return jinja2.Environment(
-        loader=jinja2.PackageLoader("trajkit.plugins.report", "templates"),
+        loader=jinja2.ChoiceLoader(loaders),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
@@ -56,21 +63,22 @@ def render_page(
     data: Any,
     styles: list[str],
     scripts: list[str],
+    package: str = SHARED,
     **context: Any,
 ) -> str:
-    """A page from its template: the static ``styles`` and ``scripts`` inlined, ``data`` embedded as
-    JSON in the element ``data_id``; everything else in ``context`` is escaped by jinja2."""
+    """A page from ``package``'s template: the static ``styles`` and ``scripts`` inlined, ``data``
+    embedded as JSON in the element ``data_id``; everything else in ``context`` is escaped by jinja2."""
     from markupsafe import Markup
 
     return (
-        templates()
+        templates(package)
         .get_template(template)
         .render(
             title=title,
             data_id=data_id,
             # files of this package, and JSON made safe inside <script>: inserted as they are
-            style=Markup("".join(asset(name) for name in styles)),
-            script=Markup("".join(asset(name) for name in scripts)),
+            style=Markup("".join(asset(package, name) for name in styles)),
+            script=Markup("".join(asset(package, name) for name in scripts)),
             embedded=Markup(embed_json(data)),
             **context,
         )
