@@ -49,3 +49,14 @@ def test_the_manual_s_compression_step_is_valid() -> None:
     config = resolve(host, {**tomllib.loads(block.group(1)), "model": "scripted"})
     assert config.compress.max_tokens == 8192 and config.compress.strategy == "pipeline"
     step.check(config, host)  # the strategy takes these options, the counter exists
+
+
+def test_the_architecture_page_names_every_package_and_top_level_module() -> None:
+    """The picture of the packages is where a newcomer starts: a package or module it leaves out
+    is one they will not find from it."""
+    text = page("architecture.md")
+    source = DOCS.parent / "trajkit"
+    packages = {init.parent for init in source.rglob("__init__.py")} - {source}
+    names = [f"{package.name}/" for package in packages if "chat_templates" not in package.parts]
+    names += [module.name for module in (*source.glob("*.py"), *(source / "plugins").glob("*.py"))]
+    assert [name for name in sorted(names) if name != "__init__.py" and name not in text] == []
