@@ -129,3 +129,60 @@ def test_a_run_calls_mcp_tools_in_docker_sandboxes(
     run_dir = run_with_mcp(tmp_path, sandbox_root, rows, run_name, drawn=True)  # drawn by a distribution
     (record,) = check_records(run_dir, 1)
     assert record["sandbox"]["backend"] == "docker"
+
+
+IMAGE_PROMPT = (
+    'Write a note, then list the files. [call:write_note {"name": "n.txt", "text": "from the image"}] '
+    "[call:list_files {}]"
+)
+
+
+def test_a_per_session_server_found_only_in_the_row_s_image_is_listed_there(
+    tmp_path: Path,
+    docker_client: Any,  # noqa: F811
+) -> None:
+    """A server program that exists in the row's Docker image alone (in an image this test builds
+    on trajkit-test/python) is started and listed in each session's container; a second server
+    that starts nowhere leaves its tools out of the session, which goes on."""
+    context = tmp_path / "image"
+    context.mkdir()
+    server = context / "notes-server"
+    server.write_text(f"#!/usr/bin/python3\n{STDLIB_SERVER}")
+    server.chmod(0o755)
+    (context / "Dockerfile").write_text(
+        f"FROM {PYTHON_IMAGE}\nCOPY notes-server /usr/local/bin/notes-server\n"
+    )
+    tag = f"trajkit-test/mcp-notes-{uuid.uuid4().hex[:8]}:latest"
+    docker_client.images.build(path=str(context), tag=tag, rm=True, pull=False)
+    config = tmp_path / "run.toml"
+    config.write_text(
+        'toolsets = ["mcp:notes", "mcp:absent"]\n'
+        '[mcp_servers.notes]\ncommand = "notes-server"\n'
+        '[mcp_servers.absent]\ncommand = "no-such-mcp-server"\nstart_timeout = 20\n'
+    )
+    dataset = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": IMAGE_PROMPT, "image": tag}])
+    name = f"mcp-image-{uuid.uuid4().hex[:8]}"
+    try:
+        with OpenAITestServer(calling_policy) as model:
+            result = trajkit(
+                "run", "--config", str(config), "--dataset_file", str(dataset), "--run_name", name,
+                "--output_dir", str(tmp_path), "--model", "m", "--base_url", model.base_url,
+                "--sandbox_option", "docker.pull=never", timeout=600,
+            )  # fmt: skip
+    finally:
+        docker_client.images.remove(tag, force=True)
+    assert result.returncode == 0, result.stderr
+    assert "mcp:absent offers no tools in this session: MCP server 'absent' failed to start" in result.stderr
+    (record,) = read_jsonl(tmp_path / name / "trajectories.jsonl")
+    assert record["sandbox"]["backend"] == "docker"
+    assert record["tools_offered"] == ["environment", "flood", "list_files", "write_note"]
+    assert record["toolsets_used"] == ["mcp:notes"]
+    assert record["tool_stats"]["write_note"] == {"count": 1, "success": 1, "failure": 0}
+    assert record["tool_stats"]["list_files"] == {"count": 1, "success": 1, "failure": 0}
+    results = [turn["value"] for turn in record["conversations"] if turn["from"] == "tool"]
+    assert results[0] == "written"
+    assert "n.txt" in json.loads(results[1])  # the container's working directory
+    offered = json.loads((tmp_path / name / "tools.json").read_text())[record["tool_schemas_key"]]
+    names = {schema["function"]["name"]: schema["function"] for schema in offered}
+    assert set(names) == set(record["tools_offered"])
+    assert names["write_note"]["parameters"]["required"] == ["name", "text"]

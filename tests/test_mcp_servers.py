@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -31,7 +32,16 @@ from trajkit.plugins.mcp.results import NAME_RULE, model_name, result_text, sche
 from trajkit.plugins.mcp.toolset import McpToolset, expand
 from trajkit.sandbox import Sandbox, SandboxSpec
 from trajkit.sandbox.processes import OutputLog
-from trajkit.tools import Tool, ToolContext, ToolError, ToolSession, Toolset, ToolsetError, open_toolsets
+from trajkit.tools import (
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolSession,
+    Toolset,
+    ToolsetError,
+    open_toolsets,
+    session_tools,
+)
 
 TESTS = Path(__file__).parent
 HOSTILE = str(TESTS / "mcp_hostile_server.py")
@@ -222,35 +232,41 @@ def test_mcp_server_time_shared_answers_and_reports_errors() -> None:
     assert server_directories() <= before  # each server ran in an empty directory, removed after it
 
 
-def test_a_per_session_server_runs_in_its_own_sandbox_and_ends_with_it(
+def test_a_per_session_server_is_listed_in_its_own_sandbox_and_ends_with_it(
     sandbox_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MCP_TEST_NOTE_KEY", "key-from-the-environment")
+    # Its program exists in the sandbox alone: made there, on the sandbox's own files.
     server = {  # per_session: the default for a command
-        "command": "python3",
-        "args": ["-c", STDLIB_SERVER],
+        "command": "./notes-server",
         "env": {"NOTE_KEY": "${MCP_TEST_NOTE_KEY}"},
         "max_message_bytes": 1 << 20,
     }
-    host, config = configured({"notes": server})
+    host, config = configured({"notes": server})  # nothing started on this machine
     assert "key-from-the-environment" not in json.dumps(config.manifest())
     toolset = host.toolsets["mcp:notes"]
-    tools = {tool.name: tool for tool in toolset.tools}
-    assert set(tools) == {"write_note", "list_files", "environment", "flood"}
+    assert toolset.tools == ()  # listed in each session
+    script = f"#!/usr/bin/env python3\n{STDLIB_SERVER}".encode()
 
     async def main() -> None:
         async with (
             local_session(toolset, config, host, sandbox_root, "a") as (a, first),
             local_session(toolset, config, host, sandbox_root, "b") as (b, second),
         ):
+            for sandbox in (first, second):
+                await sandbox.write_file("notes-server", script)
+                await sandbox.exec("chmod +x notes-server", timeout=30)
             await first.write_file("seen-by-a.txt", b"x")
+            tools = {tool.name: tool for tool in await toolset.session_tools(a.session, first)}
+            assert set(tools) == {"write_note", "list_files", "environment", "flood"}
+            await toolset.session_tools(b.session, second)
             assert await tools["write_note"].run({"name": "note.txt", "text": "hi"}, a) == "written"
-            assert json.loads(await tools["list_files"].run({}, a)) == ["note.txt", "seen-by-a.txt"]
-            first_calls = [tools["list_files"].run({}, b), tools["list_files"].run({}, b)]  # at once
-            assert [json.loads(listed) for listed in await asyncio.gather(*first_calls)] == [[], []]
-            assert json.loads(await tools["list_files"].run({}, b)) == []  # another sandbox, another server
-            found = await second.exec("ps -eo args | grep -c '^python3 -c' || true", timeout=30)
-            assert found.stdout.strip() == "1"  # started once for both
+            assert json.loads(await tools["list_files"].run({}, a)) == [
+                "note.txt",
+                "notes-server",
+                "seen-by-a.txt",
+            ]
+            assert json.loads(await tools["list_files"].run({}, b)) == ["notes-server"]  # b's server
             assert await tools["environment"].run({"name": "NOTE_KEY"}, a) == "key-from-the-environment"
             assert (
                 await tools["environment"].run({"name": "MCP_TEST_NOTE_KEY"}, a) == "None"
@@ -258,41 +274,55 @@ def test_a_per_session_server_runs_in_its_own_sandbox_and_ends_with_it(
             assert await first.read_file("note.txt") == b"hi"  # written inside the sandbox
             with pytest.raises(ToolError, match=r"answer was \d+ bytes, more than the 1048576"):
                 await tools["flood"].run({"megabytes": 30}, a)  # streamed through, never held whole
-            assert json.loads(await tools["list_files"].run({}, a)) == ["note.txt", "seen-by-a.txt"]
-            found = await first.exec("ps -eo args | grep -c '^python3 -c' || true", timeout=30)
+            assert len(json.loads(await tools["list_files"].run({}, a))) == 3
+            found = await first.exec("ps -eo args | grep -c '^python3 ./notes-server' || true", timeout=30)
             assert found.stdout.strip() == "1"
             await a.session.aclose()
-            found = await first.exec("ps -eo args | grep -c '^python3 -c' || true", timeout=30)
+            found = await first.exec("ps -eo args | grep -c '^python3 ./notes-server' || true", timeout=30)
             assert found.stdout.strip() == "0"  # the server ended with its session
+            with pytest.raises(ToolError, match="not started in this session"):
+                await tools["list_files"].run({}, ToolContext(sandbox=first))
 
     asyncio.run(main())
 
 
-def test_a_per_session_server_that_fails_to_start_is_a_tool_error(sandbox_root: Path) -> None:
+def test_a_per_session_server_that_fails_to_start_leaves_its_tools_out(
+    sandbox_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     host, config = configured(
-        {"notes": {"command": "python3", "args": ["-c", STDLIB_SERVER], "start_timeout": 20}}
+        {
+            "notes": {"command": "python3", "args": ["-c", STDLIB_SERVER], "start_timeout": 20},
+            "broken": {"command": "./bin/server", "start_timeout": 20},
+            "absent": {"command": "no-such-mcp-server", "start_timeout": 20},
+        }
     )
-    toolset = host.toolsets["mcp:notes"]
-    assert isinstance(toolset, McpToolset)
-    tool = {t.name: t for t in toolset.tools}["list_files"]
+    drawn = [host.toolsets[name] for name in ("mcp:absent", "mcp:broken", "mcp:notes")]
 
     async def main() -> None:
-        async with local_session(toolset, config, host, sandbox_root, "a") as (ctx, sandbox):
+        async with local_session(drawn[2], config, host, sandbox_root, "a") as (ctx, sandbox):
             await sandbox.exec(
-                "mkdir -p bin && printf '#!/bin/sh\\nexit 1\\n' > bin/python3 && chmod +x bin/python3",
+                "mkdir -p bin && printf '#!/bin/sh\\nexit 1\\n' > bin/server && chmod +x bin/server",
                 timeout=30,
             )
-            broken = config.tables["mcp_servers"]["notes"].model_copy(update={"command": "./bin/python3"})
-            object.__setattr__(toolset.server, "settings", broken)
-            with pytest.raises(ToolError, match="MCP server 'notes' failed to start"):
-                await tool.run({}, ctx)
+            offered = await session_tools(drawn, ctx.session, sandbox, "w-1")
+            assert set(offered) == {"mcp:notes"}  # the session goes on with the server that started
+            assert json.loads(await offered["mcp:notes"]["list_files"].run({}, ctx)) == ["bin"]
 
-    asyncio.run(main())
+    with caplog.at_level(logging.WARNING, logger="trajkit"):
+        asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records if "offers no tools in this session" in r.getMessage()]
+    assert len(said) == 2
+    assert any(m.startswith("w-1: mcp:broken") and "MCP server 'broken' failed to start" in m for m in said)
+    assert any(m.startswith("w-1: mcp:absent") for m in said)
 
 
 def test_names_are_unique_across_toolsets() -> None:
     host = load_plugins()
-    server = {"command": "python3", "args": ["-c", STDLIB_SERVER.replace('"list_files"', '"read_file"')]}
+    server = {
+        "command": "python3",
+        "args": ["-c", STDLIB_SERVER.replace('"list_files"', '"read_file"')],
+        "mode": "shared",
+    }
     with pytest.raises(Exception, match=r"tool 'read_file' is registered twice"):
         resolve(host, {"mcp_servers": {"clash": server}})
     prefixed = resolve(host, {"mcp_servers": {"clash": {**server, "prefix": "notes_"}}})
@@ -404,6 +434,7 @@ def test_trajkit_toolsets_lists_what_each_server_offers(tmp_path: Path) -> None:
     config.write_text(
         f'[mcp_servers.time]\ncommand = {json.dumps(TIME_SERVER)}\nmode = "shared"\n'
         f'[mcp_servers.notes]\ncommand = "python3"\nargs = ["-c", {json.dumps(STDLIB_SERVER)}]\n'
+        '[mcp_servers.absent]\ncommand = "./only-in-the-image"\n'
     )
     result = trajkit("toolsets", "--config", str(config), "--json")
     assert result.returncode == 0, result.stderr
@@ -415,43 +446,74 @@ def test_trajkit_toolsets_lists_what_each_server_offers(tmp_path: Path) -> None:
     assert "shared by every session" in listed["mcp:time"]["description"]
     assert "one per session, in its sandbox" in listed["mcp:notes"]["description"]
     assert "terminal" in listed and listed["terminal"]["problem"] is None
+    assert listed["mcp:time"]["note"] is None
+    assert listed["mcp:notes"]["note"] == "listed in each session's sandbox; as started on this machine"
+    assert listed["mcp:absent"]["tools"] == {}
+    assert listed["mcp:absent"]["note"] == (
+        "listed in each session's sandbox; on this machine: "
+        "MCP server 'absent' failed to start: ServerFailed: './only-in-the-image' is not a program "
+        "on this machine's PATH"
+    )
     text = trajkit("toolsets", "--config", str(config))
     assert "mcp:notes: the tools of the MCP server 'notes'" in text.stdout
+    assert "  (listed in each session's sandbox; as started on this machine)" in text.stdout
     assert "  write_note: Write a note to a file of the working directory." in text.stdout
 
 
-GIT_SERVER = shutil.which("mcp-server-git") or str(Path(sys.executable).parent / "mcp-server-git")
+def git_server_mounts() -> list[str]:
+    """The directories outside the system's that this Python and its ``mcp_server_git`` need, for
+    a confined local sandbox to see them read-only."""
+    import mcp_server_git
+
+    needed = {sys.prefix, sys.base_prefix, str(Path(mcp_server_git.__file__).parents[1])}
+    system = ("/usr", "/etc", "/bin", "/lib", "/sbin")
+    return sorted(path for path in needed if not path.startswith(system))
+
+
+def reachable_by_anyone(path: str) -> bool:
+    """Whether a user of no group of the path's can reach ``path`` (a confined sandbox's can)."""
+    return all(os.stat(part).st_mode & 0o001 for part in (path, *map(str, Path(path).parents)))
 
 
 def test_mcp_server_git_per_session_over_the_repository_in_its_sandbox(sandbox_root: Path) -> None:
-    # The server is this environment's (a Python package outside /usr): the sandbox is the
-    # unconfined local one, so that it can run; its working directory is that sandbox's. No
-    # --repository: the server would refuse to start where its tools are listed (an empty
-    # directory), and a per-session server's boundary is its sandbox.
-    server = {"command": GIT_SERVER}
+    """``mcp-server-git --repository .``: a server that starts only where the session's repository
+    is, listed and called in the session's sandbox, whose working directory is that repository
+    (a confined one when this Python is where its user can reach it, as under /usr; else, as
+    under root's home, the unconfined one)."""
+    server = {"command": sys.executable, "args": ["-m", "mcp_server_git", "--repository", "."]}
     host, config = configured({"git": server})
     toolset = host.toolsets["mcp:git"]
-    tools = {tool.name: tool for tool in toolset.tools}
-    assert {"git_status", "git_log", "git_commit", "git_add"} <= set(tools)
+    mounts = git_server_mounts()
+    confined = all(map(reachable_by_anyone, mounts))
+    options = {"read_only": ",".join(mounts)} if confined else {"isolation": "none"}
 
     async def main() -> None:
-        async with local_session(toolset, config, host, sandbox_root, "a", isolation="none") as (
-            ctx,
-            sandbox,
-        ):
+        run = await open_toolsets([toolset], config, host)
+        backend = LocalBackend({"root": str(sandbox_root), **options})
+        sandbox = await backend.create(SandboxSpec(run_id="mcp-test", work_id="git", cwd="/repo"))
+        session = ToolSession(run)
+        ctx = ToolContext(sandbox=sandbox, session=session)
+        try:
             made = await sandbox.exec(
                 "git init -q . && echo one > a.txt && git add a.txt && "
                 "git -c user.name=T -c user.email=t@example.com commit -qm 'the first commit' && echo two > b.txt",
                 timeout=60,
             )
             assert made.exit_code == 0, made.stderr
+            tools = {tool.name: tool for tool in await toolset.session_tools(session, sandbox)}
+            assert {"git_status", "git_log", "git_commit", "git_add"} <= set(tools)
             status = await tools["git_status"].run({"repo_path": "."}, ctx)
             assert "b.txt" in status and "Untracked" in status
             assert "the first commit" in await tools["git_log"].run({"repo_path": "."}, ctx)
-            with pytest.raises(ToolError, match="not-here"):
-                await tools["git_status"].run({"repo_path": "not-here"}, ctx)
+            with pytest.raises(ToolError, match="outside the allowed repository"):
+                await tools["git_status"].run({"repo_path": "/etc"}, ctx)
             committed = await tools["git_add"].run({"repo_path": ".", "files": ["b.txt"]}, ctx)
             assert "staged" in committed.lower()
             assert (await sandbox.exec("git status --short", timeout=30)).stdout.strip() == "A  b.txt"
+        finally:
+            await session.aclose()
+            await sandbox.close()
+            await run.aclose()
+            await backend.aclose()
 
     asyncio.run(main())

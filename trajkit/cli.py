@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -31,6 +31,9 @@ from trajkit.config.cli_options import (
 )
 from trajkit.config.run_config import ConfigFileError, RunConfig, read_config_file
 from trajkit.manager import PluginError, PluginHost, load_plugins
+
+if TYPE_CHECKING:
+    from trajkit.tools import Tool
 
 log = logging.getLogger("trajkit")
 
@@ -379,14 +382,21 @@ def toolsets(ctx: click.Context, config_path: Path | None, as_json: bool) -> Non
     """List the toolsets a run could offer: each one's tools, and why one cannot be offered here."""
     host = load_host(ctx)
     config = configure_from_file(host, config_path)
-    for name, toolset in sorted(host.toolsets.items()):
+    toolsets = sorted(host.toolsets.items())
+
+    async def list_all() -> list[tuple[tuple[Tool, ...], str | None]]:
+        return list(await asyncio.gather(*(toolset.listed_tools() for _, toolset in toolsets)))
+
+    for (name, toolset), (listed, note) in zip(toolsets, asyncio.run(list_all()), strict=True):
         problem = toolset.problem(config.settings_of(toolset))
-        tools = {tool.name: _first_sentence(tool.description) for tool in toolset.tools}
+        tools = {tool.name: _first_sentence(tool.description) for tool in listed}
         if as_json:
             described = {"toolset": name, "description": toolset.description, "problem": problem}
-            click.echo(json.dumps({**described, "tools": tools}, ensure_ascii=False))
+            click.echo(json.dumps({**described, "note": note, "tools": tools}, ensure_ascii=False))
             continue
         click.echo(f"{name}: {toolset.description}" + (f" (not offered here: {problem})" if problem else ""))
+        if note:
+            click.echo(f"  ({note})")
         for tool, description in tools.items():
             click.echo(f"  {tool}" + (f": {description}" if description else ""))
 

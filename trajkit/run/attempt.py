@@ -25,7 +25,15 @@ from trajkit.record.scorers import ScoreContext, Scorer, score_session
 from trajkit.record.trajectory import record_json
 from trajkit.run.executor import Attempts, Failed, Finished, SessionPlan, WorkOrder
 from trajkit.sandbox import ImageUnavailable, Sandbox, SandboxBackend, SandboxError, SandboxSpec
-from trajkit.tools import Tool, ToolRun, ToolSession, close_session, close_tools, open_toolsets
+from trajkit.tools import (
+    Tool,
+    ToolRun,
+    ToolSession,
+    close_session,
+    close_tools,
+    open_toolsets,
+    session_tools,
+)
 from trajkit.tools.catalog import tool_schemas_key
 from trajkit.tools.distributions import rng_for
 
@@ -66,9 +74,7 @@ class Sessions:
         self.digests: dict[tuple[str, str], str | None] = {}
         self.image_failures: dict[tuple[str, str], str] = {}
         self.offers: dict[tuple[str, ...], tuple[dict[str, Tool], str, list[dict[str, Any]]]] = {}
-        """Toolsets drawn -> (their tools, the key of their schemas, the schemas)."""
-        self.toolset_of = {tool.name: ts.name for ts in host.toolsets.values() for tool in ts.tools}
-        """Tool name -> the toolset that has it."""
+        """Toolsets drawn -> (the tools last offered, the key of their schemas, the schemas)."""
         self.scorers = [cls() for _, cls in sorted(host.scorers.items())]
         self.reported: set[str] = set()
         """Schema keys already handed back with a record."""
@@ -180,27 +186,31 @@ class Sessions:
         except Exception as exc:
             raise SessionFailure("internal_error", f"{type(exc).__name__}: {exc}") from exc
 
-    def _offer(self, work_id: str) -> tuple[tuple[str, ...], dict[str, Tool], str, list[dict[str, Any]]]:
-        """The toolsets drawn for a work item, their tools, and the key and list of their schemas."""
-        toolsets = tuple(sorted(self.plan.distribution.sample(rng_for(self.config.seed, work_id))))
-        if toolsets not in self.offers:
-            registered = self.host.toolsets
-            tools = {tool.name: tool for name in toolsets for tool in registered[name].tools}
+    def _drawn(self, work_id: str) -> tuple[str, ...]:
+        """The toolsets drawn for a work item."""
+        return tuple(sorted(self.plan.distribution.sample(rng_for(self.config.seed, work_id))))
+
+    def _offer(self, drawn: tuple[str, ...], tools: dict[str, Tool]) -> tuple[str, list[dict[str, Any]]]:
+        """The key and list of the schemas of ``tools`` (the same for every session that draws
+        the same toolsets, unless a toolset lists its tools per session)."""
+        cached = self.offers.get(drawn)
+        if cached is None or cached[0] != tools:
             schemas = [tools[name].schema() for name in sorted(tools)]
-            self.offers[toolsets] = (tools, tool_schemas_key(schemas), schemas)
-        return (toolsets, *self.offers[toolsets])
+            cached = self.offers[drawn] = (tools, tool_schemas_key(schemas), schemas)
+        return cached[1], cached[2]
 
     async def _session(self, order: WorkOrder, attempt: int, started: float) -> Finished:
         assert self.client is not None, "Sessions.open() first"
-        toolsets, tools, key, schemas = self._offer(order.work_id)
-        result, score = await self._converse(order, tools)
-        used = {
-            self.toolset_of[name] for name, stat in result.tool_stats.items() if stat.count and name in tools
-        }
+        toolsets = self._drawn(order.work_id)
+        result, score, offered = await self._converse(order, toolsets)
+        tools = _flat(offered)
+        key, schemas = self._offer(toolsets, tools)
+        owner = {name: toolset for toolset, by_name in offered.items() for name in by_name}
+        used = {owner[name] for name, stat in result.tool_stats.items() if stat.count and name in owner}
         item, image = order.item, order.item.row.image
         record = record_json(
             result,
-            self.plan.run_tools,
+            sorted({*self.plan.run_tools, *tools}),
             work_id=item.work_id,
             prompt_id=item.prompt_id,
             prompt_index=item.index,
@@ -227,9 +237,10 @@ class Sessions:
         return Finished(order.work_id, record, {key: schemas} if new else {})
 
     async def _converse(
-        self, order: WorkOrder, tools: dict[str, Tool]
-    ) -> tuple[ConversationResult, dict[str, Any] | None]:
-        """One conversation in a fresh sandbox, scored before the sandbox closes."""
+        self, order: WorkOrder, toolsets: tuple[str, ...]
+    ) -> tuple[ConversationResult, dict[str, Any] | None, dict[str, dict[str, Tool]]]:
+        """One conversation in a fresh sandbox offering the tools ``toolsets`` give it there,
+        scored before the sandbox closes; with those tools by toolset."""
         assert self.client is not None, "Sessions.open() first"
         config, item = self.config, order.item
         spec = SandboxSpec(
@@ -242,6 +253,9 @@ class Sessions:
         sandbox = await self.backends[order.backend].create(spec)
         tool_session = ToolSession(self.tool_run)
         try:
+            drawn = (self.host.toolsets[name] for name in toolsets)
+            offered = await session_tools(drawn, tool_session, sandbox, item.work_id)
+            tools = _flat(offered)
             session = build_session(config, self.client, sandbox, tools, self.plan.run_tools, tool_session)
             result = await run_conversation(session, item.row.prompt)
             # The session is over before it is scored: what its tools kept running (background
@@ -249,11 +263,14 @@ class Sessions:
             await asyncio.shield(close_tools(tool_session))
             row = {"prompt": item.row.prompt, "image": item.row.image, "cwd": item.row.cwd}
             row |= {"backend": item.row.backend, **item.row.extra_fields}
-            return result, await score_result(
-                self.scorers, row, result, sandbox, config, item.row.check_files
-            )
+            score = await score_result(self.scorers, row, result, sandbox, config, item.row.check_files)
+            return result, score, offered
         finally:
             await asyncio.shield(close_session(tool_session, sandbox))
+
+
+def _flat(offered: Mapping[str, Mapping[str, Tool]]) -> dict[str, Tool]:
+    return {name: tool for by_name in offered.values() for name, tool in by_name.items()}
 
 
 def build_session(

@@ -10,6 +10,7 @@ tools keep per-session state in :attr:`ToolContext.session`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -154,6 +155,27 @@ class Toolset:
         run before any session.
         """
 
+    async def session_tools(self, session: ToolSession, sandbox: Sandbox) -> tuple[Tool, ...]:
+        """The tools this toolset offers in one session: :attr:`tools` unless it learns them there
+        (an MCP server started in the session's sandbox lists its own).
+
+        Called once per session that draws this toolset, after its sandbox is created and before
+        the first model call, with the session's :class:`ToolSession` (keep what it starts in
+        ``session.state[self.name]`` and register its closing with ``session.on_close``). The
+        tools it returns are those the model is offered, recorded in ``tools.json`` like any
+        others; their names must not be another drawn toolset's (a clash is left out, said).
+        Raise :class:`ToolsetError` when this session cannot have them: the session goes on
+        without this toolset's tools and the message is logged with the session's work item.
+        """
+        return self.tools
+
+    async def listed_tools(self) -> tuple[tuple[Tool, ...], str | None]:
+        """The tools to show for this toolset where no session runs (``trajkit toolsets``), and a
+        note on them: ``(self.tools, None)`` unless :meth:`session_tools` learns them per session,
+        in which case they are what can be learnt here (maybe none), and the note says so. It may
+        take time (start a server), within a bounded timeout; it must not raise."""
+        return self.tools, None
+
 
 def schemas_markdown(tools: Iterable[Tool]) -> str:
     """``tools``' schemas as the model is given them, one Markdown section each (for the pages
@@ -182,6 +204,35 @@ async def open_toolsets(
         await run.aclose()
         raise
     return run
+
+
+async def session_tools(
+    toolsets: Iterable[Toolset], session: ToolSession, sandbox: Sandbox, work_id: str = ""
+) -> dict[str, dict[str, Tool]]:
+    """Toolset name -> its tools by name, as ``toolsets`` offer them in one session
+    (:meth:`Toolset.session_tools`, asked concurrently); a toolset that cannot offer its tools
+    here, or a tool whose name an earlier toolset has, is left out, said."""
+    toolsets = list(toolsets)
+    found = await asyncio.gather(
+        *(toolset.session_tools(session, sandbox) for toolset in toolsets), return_exceptions=True
+    )
+    where = f"{work_id}: " if work_id else ""
+    offered: dict[str, dict[str, Tool]] = {}
+    taken: set[str] = set()
+    for toolset, tools in zip(toolsets, found, strict=True):
+        if isinstance(tools, ToolsetError):
+            log.warning("%s%s offers no tools in this session: %s", where, toolset.name, tools)
+            continue
+        if isinstance(tools, BaseException):
+            raise tools
+        offered[toolset.name] = {}
+        for tool in tools:
+            if tool.name in taken:
+                log.warning("%s%s: tool %r left out: another toolset has it", where, toolset.name, tool.name)
+                continue
+            taken.add(tool.name)
+            offered[toolset.name][tool.name] = tool
+    return offered
 
 
 async def close_tools(tool_session: ToolSession) -> None:

@@ -1,11 +1,12 @@
 """Any MCP server as a toolset: ``[mcp_servers.NAME]`` in a run's configuration becomes the toolset
 ``mcp:NAME``, drawn by distributions and named with ``--toolsets`` like any other.
 
-A ``per_session`` server (the default for a command) is started inside each session's sandbox, on
-first use, and ends with it: it sees only that sandbox's files. A ``shared`` server (a command run
-on the runner's machine, or a URL) serves every session of the run. Either way its tools are listed
-once when the run is configured, and those are the tools the run offers (``tools.json``). The
-``mcp`` SDK is the client (``pip install trajkit[mcp]``); see docs/mcp.md.
+A ``per_session`` server (the default for a command) is started inside each session's sandbox
+when the session starts, and ends with it: it sees only that sandbox's files, and the tools it
+lists there are the tools that session offers. A ``shared`` server (a command run on the runner's
+machine, or a URL) serves every session of the run, its tools listed once when the run is
+configured. Either way the offered schemas are saved in ``tools.json``. The ``mcp`` SDK is the
+client (``pip install trajkit[mcp]``); see docs/mcp.md.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -28,7 +29,10 @@ from trajkit.hookspecs import ConfigTable
 from trajkit.plugins.mcp.client import Connection, Endpoint, ServerFailed
 from trajkit.plugins.mcp.results import model_name, result_text, schema_problem
 from trajkit.plugins.mcp.transport import HostPipe, Pipe, SandboxPipe
-from trajkit.tools import Tool, ToolContext, ToolError, ToolRun, Toolset, ToolsetError
+from trajkit.tools import Tool, ToolContext, ToolError, ToolRun, ToolSession, Toolset, ToolsetError
+
+if TYPE_CHECKING:
+    from trajkit.sandbox import Sandbox
 
 log = logging.getLogger("trajkit")
 
@@ -108,24 +112,31 @@ def trajkit_configured_toolsets(config: Any) -> list[Toolset]:
         raise ToolsetError("[mcp_servers] needs the mcp package: pip install 'trajkit[mcp]'") from None
 
     async def list_all() -> list[McpToolset]:
-        return list(await asyncio.gather(*(listed(name, server) for name, server in sorted(servers.items()))))
+        return list(
+            await asyncio.gather(*(configured(name, server) for name, server in sorted(servers.items())))
+        )
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the caller may be on an event loop
         return list(pool.submit(asyncio.run, list_all()).result())
 
 
-async def listed(name: str, server: McpServer) -> McpToolset:
-    """The toolset of ``server`` with the tools it lists, started once on this machine."""
-    endpoint = host_endpoint(name, server)
-    connection = Connection(endpoint)
+async def configured(name: str, server: McpServer) -> McpToolset:
+    """The toolset of ``server``: a shared server's tools as it lists them, started once on this
+    machine; a per-session server's are listed in each session's sandbox."""
+    if not server.shared:
+        return McpToolset.of(name, server, [])
+    return McpToolset.of(name, server, await listed_on_host(name, server))
+
+
+async def listed_on_host(name: str, server: McpServer) -> list[Any]:
+    """What ``server`` lists when started on this machine; a :class:`ToolsetError` if it cannot."""
+    connection = Connection(host_endpoint(name, server))
     try:
-        tools = await connection.open()
+        return await connection.open()
     except ServerFailed as exc:
-        where = "" if server.shared else " (a per_session server's tools are listed on this machine)"
-        raise ToolsetError(f"{exc}{where}") from None
+        raise ToolsetError(str(exc)) from None
     finally:
         await connection.close()
-    return McpToolset.of(name, server, tools)
 
 
 def host_endpoint(name: str, server: McpServer) -> Endpoint:
@@ -150,34 +161,41 @@ def _limits(server: McpServer) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class McpToolset(Toolset):
-    """The tools one MCP server listed, each calling the server under its original name."""
+    """The tools one MCP server lists, each calling the server under its original name: a shared
+    server's as listed when the run is configured, a per-session server's as listed in each
+    session (:meth:`session_tools`)."""
 
     server: ServerTools | None = None
 
     @classmethod
     def of(cls, name: str, settings: McpServer, listing: list[Any]) -> McpToolset:
         server = ServerTools(name, settings)
-        tools: list[Tool] = []
-        for item in listing:
-            problem = schema_problem(item.input_schema)
-            if problem:
-                log.warning("MCP server %r: tool %r left out: %s", name, item.name, problem)
-                continue
-            offered = model_name(settings.prefix + item.name, set(server.original))
-            description = item.description or item.title or ""
-            if offered != settings.prefix + item.name:
-                log.warning("MCP server %r: tool %r is offered as %r", name, item.name, offered)
-                description = f"{description} (MCP tool {item.name!r})".strip()
-            server.original[offered] = item.name
-            tools.append(Tool(offered, description, item.input_schema, server.caller(item.name)))
-        server.listed = {item.name for item in listing}
         where = "shared by every session" if settings.shared else "one per session, in its sandbox"
         description = settings.description or f"the tools of the MCP server {name!r} ({where})"
-        return cls(PREFIX + name, description, tuple(tools), server=server)
+        return cls(PREFIX + name, description, server.tools_of(listing), server=server)
 
     async def start(self, run: ToolRun) -> None:
         assert self.server is not None
         await self.server.start(run)
+
+    async def session_tools(self, session: ToolSession, sandbox: Sandbox) -> tuple[Tool, ...]:
+        assert self.server is not None
+        if self.server.settings.shared:
+            return self.tools
+        return await self.server.open_in(session, sandbox)
+
+    async def listed_tools(self) -> tuple[tuple[Tool, ...], str | None]:
+        """A per-session server's tools as it lists them when started on this machine, which may
+        differ from what it lists in a sandbox, or not start here at all."""
+        server = self.server
+        assert server is not None
+        if server.settings.shared:
+            return self.tools, None
+        try:
+            listing = await listed_on_host(server.name, server.settings)
+        except ToolsetError as exc:
+            return (), f"listed in each session's sandbox; on this machine: {exc}"
+        return server.tools_of(listing), "listed in each session's sandbox; as started on this machine"
 
 
 @dataclass
@@ -186,15 +204,35 @@ class ServerTools:
 
     name: str
     settings: McpServer
-    original: dict[str, str] = field(default_factory=dict)
-    """Offered tool name -> the server's name for it."""
     listed: set[str] = field(default_factory=set)
-    """The server's tool names when the run was configured."""
+    """A shared server's tool names when the run was configured."""
     said: set[str] = field(default_factory=set)
 
     @property
     def key(self) -> str:
         return PREFIX + self.name
+
+    def tools_of(self, listing: list[Any]) -> tuple[Tool, ...]:
+        """The tools offered for ``listing``: names the model API refuses mapped, tools whose
+        schema is broken left out (each said once)."""
+        tools: list[Tool] = []
+        original: dict[str, str] = {}
+        """Offered tool name -> the server's name for it."""
+        for item in listing:
+            problem = schema_problem(item.input_schema)
+            if problem:
+                self.say_once(f"MCP server {self.name!r}: tool {item.name!r} left out: {problem}")
+                continue
+            wanted = self.settings.prefix + item.name
+            offered = model_name(wanted, set(original))
+            description = item.description or item.title or ""
+            if offered != wanted:
+                self.say_once(f"MCP server {self.name!r}: tool {item.name!r} is offered as {offered!r}")
+                description = f"{description} (MCP tool {item.name!r})".strip()
+            original[offered] = item.name
+            tools.append(Tool(offered, description, item.input_schema, self.caller(item.name)))
+        self.listed = {item.name for item in listing}
+        return tuple(tools)
 
     async def start(self, run: ToolRun) -> None:
         if not self.settings.shared:
@@ -209,33 +247,35 @@ class ServerTools:
         self.compare(listing)
         run.resources[self.key] = ServerState(connection)
 
+    async def open_in(self, session: ToolSession, sandbox: Sandbox) -> tuple[Tool, ...]:
+        """Start the server in ``sandbox`` for ``session`` (ending with it) and offer what it
+        lists there; a :class:`ToolsetError` if it does not start or list."""
+        state = ServerState(Connection(self.sandbox_endpoint(sandbox)))
+        session.state[self.key] = state
+        session.on_close(state.connection.close)
+        try:
+            listing = await state.connection.open()
+        except ServerFailed as exc:
+            state.failure = str(exc)
+            raise ToolsetError(state.failure) from None
+        return self.tools_of(listing)
+
     async def connection(self, ctx: ToolContext) -> Connection:
-        """The run's connection (shared), or this session's, started in its sandbox on first use."""
+        """The run's connection (shared), or the one started in this session's sandbox."""
         if self.settings.shared:
             state = ctx.session.run.resources.get(self.key)
             if not isinstance(state, ServerState):
                 raise ToolError(f"{self.key} was not started for this run")
             return state.connection
         state = ctx.session.state.get(self.key)
-        if state is None:  # the first call starts it; calls made meanwhile wait for it
-            state = ServerState(Connection(self.sandbox_endpoint(ctx)))
-            ctx.session.state[self.key] = state
-            ctx.session.on_close(state.connection.close)
-            state.opening = asyncio.ensure_future(self._first_open(state))
-        assert isinstance(state, ServerState) and state.opening is not None
-        await asyncio.shield(state.opening)
+        if not isinstance(state, ServerState):
+            raise ToolError(f"{self.key} was not started in this session")
         if state.failure:
             raise ToolError(state.failure)
         return state.connection
 
-    async def _first_open(self, state: ServerState) -> None:
-        try:
-            self.compare(await state.connection.open())
-        except ServerFailed as exc:
-            state.failure = str(exc)
-
-    def sandbox_endpoint(self, ctx: ToolContext) -> Endpoint:
-        settings, sandbox = self.settings, ctx.sandbox
+    def sandbox_endpoint(self, sandbox: Sandbox) -> Endpoint:
+        settings = self.settings
         label = f"MCP server {self.name!r}"
 
         async def open_pipe() -> Pipe:
@@ -246,8 +286,8 @@ class ServerTools:
         return Endpoint(label, open_pipe=open_pipe, **_limits(settings))
 
     def compare(self, listing: list[Any]) -> None:
-        """A server whose tools differ from those listed when the run was configured keeps being
-        offered the first list: said once."""
+        """A shared server whose tools differ from those listed when the run was configured
+        keeps being offered the first list: said once."""
         now = {item.name for item in listing}
         if now != self.listed:
             self.say_once(
@@ -265,8 +305,9 @@ class ServerTools:
             connection = await self.connection(ctx)
             result = await connection.call(original, args, min(self.settings.timeout, ctx.timeout))
             if connection.list_changed:
+                keeps = "run" if self.settings.shared else "session"
                 self.say_once(
-                    f"MCP server {self.name!r} said its tool list changed: the run keeps offering "
+                    f"MCP server {self.name!r} said its tool list changed: the {keeps} keeps offering "
                     "the tools it listed first"
                 )
             text, failed = result_text(result, ctx.output_cap)
@@ -281,4 +322,3 @@ class ServerTools:
 class ServerState:
     connection: Connection
     failure: str = ""
-    opening: asyncio.Future[None] | None = None
