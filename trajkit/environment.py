@@ -43,7 +43,15 @@ from trajkit.run.attempt import build_session, score_result
 from trajkit.run.dataset import DatasetRow
 from trajkit.sandbox import Sandbox, SandboxBackend, SandboxError, SandboxSpec
 from trajkit.sandbox.check_files import CheckFile
-from trajkit.tools import Tool, ToolRun, ToolSession, close_session, open_toolsets
+from trajkit.tools import (
+    Tool,
+    ToolRun,
+    ToolSession,
+    close_session,
+    flat_tools,
+    open_toolsets,
+    session_tools,
+)
 from trajkit.tools.offer import resolve as resolve_offer
 
 log = logging.getLogger("trajkit")
@@ -230,11 +238,12 @@ class Environment:
             lifetime=min(self.config.sandbox_lifetime, self.config.prompt_timeout + 120),
         )
         drawn = self.offer.distribution.sample(self.random)
-        tools = {t.name: t for name in sorted(drawn) for t in self.host.toolsets[name].tools}
         sandbox: Sandbox = await backend.create(spec)
         tool_session = ToolSession(self.tool_run)
         try:
-            yield sandbox, tools, tool_session
+            toolsets = (self.host.toolsets[name] for name in sorted(drawn))
+            offered = await session_tools(toolsets, tool_session, sandbox, spec.work_id)
+            yield sandbox, flat_tools(offered), tool_session
         finally:
             await asyncio.shield(close_session(tool_session, sandbox))
 

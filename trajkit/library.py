@@ -19,7 +19,7 @@ from trajkit.config.resolve import resolve
 from trajkit.config.run_config import DEFAULT_SYSTEM_PROMPT
 from trajkit.manager import PluginHost, load_plugins
 from trajkit.sandbox import SandboxSpec
-from trajkit.tools import ToolRun, ToolSession, close_session, open_toolsets
+from trajkit.tools import ToolRun, ToolSession, close_session, flat_tools, open_toolsets, session_tools
 from trajkit.tools.offer import Offer, missing
 from trajkit.tools.offer import resolve as resolve_offer
 
@@ -97,10 +97,13 @@ class Agent:
             tool_session = ToolSession(tool_run)
             drawn = self.offer.distribution.sample(random.Random())
             try:
+                offered = await session_tools(
+                    (self.host.toolsets[name] for name in sorted(drawn)), tool_session, sandbox
+                )
                 session = Session(
                     client=client,
                     sandbox=sandbox,
-                    tools={t.name: t for name in drawn for t in self.host.toolsets[name].tools},
+                    tools=flat_tools(offered),
                     known_tools=frozenset(self.tools),
                     system_prompt=self.config.system_prompt,
                     ephemeral_system_prompt=self.config.ephemeral_system_prompt,

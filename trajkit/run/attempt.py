@@ -31,6 +31,7 @@ from trajkit.tools import (
     ToolSession,
     close_session,
     close_tools,
+    flat_tools,
     open_toolsets,
     session_tools,
 )
@@ -203,7 +204,7 @@ class Sessions:
         assert self.client is not None, "Sessions.open() first"
         toolsets = self._drawn(order.work_id)
         result, score, offered = await self._converse(order, toolsets)
-        tools = _flat(offered)
+        tools = flat_tools(offered)
         key, schemas = self._offer(toolsets, tools)
         owner = {name: toolset for toolset, by_name in offered.items() for name in by_name}
         used = {owner[name] for name, stat in result.tool_stats.items() if stat.count and name in owner}
@@ -255,7 +256,7 @@ class Sessions:
         try:
             drawn = (self.host.toolsets[name] for name in toolsets)
             offered = await session_tools(drawn, tool_session, sandbox, item.work_id)
-            tools = _flat(offered)
+            tools = flat_tools(offered)
             session = build_session(config, self.client, sandbox, tools, self.plan.run_tools, tool_session)
             result = await run_conversation(session, item.row.prompt)
             # The session is over before it is scored: what its tools kept running (background
@@ -267,10 +268,6 @@ class Sessions:
             return result, score, offered
         finally:
             await asyncio.shield(close_session(tool_session, sandbox))
-
-
-def _flat(offered: Mapping[str, Mapping[str, Tool]]) -> dict[str, Tool]:
-    return {name: tool for by_name in offered.values() for name, tool in by_name.items()}
 
 
 def build_session(

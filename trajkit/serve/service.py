@@ -27,7 +27,7 @@ from trajkit.sandbox import Sandbox, SandboxBackend, SandboxSpec
 from trajkit.serve.protocol import ChatRequest, ProtocolError
 from trajkit.serve.recorder import Recorder
 from trajkit.serve.settings import ServeSettings
-from trajkit.tools import ToolRun, ToolSession, close_session, open_toolsets
+from trajkit.tools import ToolRun, ToolSession, close_session, flat_tools, open_toolsets, session_tools
 
 log = logging.getLogger("trajkit")
 
@@ -127,7 +127,6 @@ class ServedAgent:
         client_names = {schema["function"]["name"] for schema in client_tools}
         request_id = uuid.uuid4().hex[:16]
         toolsets = self.distribution.sample(random.Random(request_id))
-        tools = {t.name: t for name in toolsets for t in self.host.toolsets[name].tools}
         reasoning: list[str] = []
 
         def replied(reply: AssistantMessage) -> None:
@@ -146,6 +145,14 @@ class ServedAgent:
         sandbox = await self.backend.create(spec)
         tool_session = ToolSession(self.tool_run)
         try:
+            drawn = (self.host.toolsets[name] for name in sorted(toolsets))
+            offered = await session_tools(drawn, tool_session, sandbox, request_id)
+            tools = flat_tools(offered)
+            for clash in sorted(set(tools) & client_names):  # a tool learnt in this session
+                log.warning(
+                    "%s: the client's own tool %r is offered instead of the session's", request_id, clash
+                )
+                del tools[clash]
             session = self._session(sandbox, tools, system, client_tools, replied, on_tool)
             session.model_params = request.model_params()
             session.tool_session = tool_session
@@ -156,7 +163,7 @@ class ServedAgent:
             schemas = [tools[name].schema() for name in sorted(tools)]
             schemas += sorted(client_tools, key=lambda schema: schema["function"]["name"])
             called = {name for name, stat in result.tool_stats.items() if stat.count}
-            used = {name for name in toolsets if called & {t.name for t in self.host.toolsets[name].tools}}
+            used = {name for name, by_name in offered.items() if called & set(by_name)}
             self.recorder.record(
                 result, conversation, sorted(toolsets), sorted(used), schemas,
                 time.monotonic() - started, self.config.sandbox, request_id,

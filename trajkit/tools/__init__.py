@@ -235,6 +235,11 @@ async def session_tools(
     return offered
 
 
+def flat_tools(offered: Mapping[str, Mapping[str, Tool]]) -> dict[str, Tool]:
+    """Tool name -> tool of what :func:`session_tools` found, every toolset's together."""
+    return {name: tool for by_name in offered.values() for name, tool in by_name.items()}
+
+
 async def close_tools(tool_session: ToolSession) -> None:
     """Close what a session's tools kept (their background processes, pages, shells); a failure is
     logged, never raised. Closing again does nothing."""
