@@ -1,7 +1,7 @@
 """An MCP server that does what a badly made or hostile one does, on the ``mcp`` SDK's own
 ``MCPServer``: it crashes, hangs, floods, lists a tool whose schema is broken and tools whose
 names the model API refuses, changes its tool list mid-run, and fails. A stdio server, or a
-Streamable HTTP one with ``--http PORT``."""
+Streamable HTTP one with ``--http PORT`` (``--http-json PORT``: its answers plain JSON)."""
 
 import asyncio
 import os
@@ -87,7 +87,8 @@ def header(name: str, ctx: Context) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--http"]:  # Streamable HTTP on a loopback port
-        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    if sys.argv[1:2] in (["--http"], ["--http-json"]):  # Streamable HTTP on a loopback port
+        plain = sys.argv[1] == "--http-json"  # answers as plain JSON, not server-sent events
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]), json_response=plain)
     else:
         server.run("stdio")

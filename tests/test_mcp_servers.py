@@ -14,7 +14,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -380,13 +380,16 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_a_streamable_http_server_is_shared_and_gets_its_headers(monkeypatch: pytest.MonkeyPatch) -> None:
+@contextlib.contextmanager
+def hostile_http_server(mode: str) -> Iterator[str]:
+    """The hostile server over Streamable HTTP on a loopback port (``--http`` or ``--http-json``):
+    its URL, once it answers."""
     import subprocess
     import urllib.request
 
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, HOSTILE, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, HOSTILE, mode, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         deadline = time.monotonic() + 60
@@ -398,9 +401,17 @@ def test_a_streamable_http_server_is_shared_and_gets_its_headers(monkeypatch: py
             except OSError:
                 assert time.monotonic() < deadline and process.poll() is None, "the HTTP server did not start"
                 time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_streamable_http_server_is_shared_and_gets_its_headers(monkeypatch: pytest.MonkeyPatch) -> None:
+    with hostile_http_server("--http") as url:
         monkeypatch.setenv("MCP_TEST_TOKEN", "token-from-the-environment")
         server = {
-            "url": f"http://127.0.0.1:{port}/mcp",
+            "url": url,
             "headers": {"X-Test-Token": "${MCP_TEST_TOKEN}"},
             "description": "the hostile server over HTTP",
         }
@@ -424,9 +435,85 @@ def test_a_streamable_http_server_is_shared_and_gets_its_headers(monkeypatch: py
                 await run.aclose()
 
         asyncio.run(main())
+
+
+def test_a_plain_json_answer_over_http_is_read_up_to_max_message_bytes() -> None:
+    """A Streamable HTTP server answering 100 MB of plain JSON: the call fails once the answer
+    passes ``max_message_bytes``, never held whole, and the server's other tools still answer."""
+    import resource
+
+    with hostile_http_server("--http-json") as url:
+        host, config = configured({"remote": {"url": url, "timeout": 120}})
+        toolset = host.toolsets["mcp:remote"]
+        tools = {tool.name: tool for tool in toolset.tools}
+
+        async def main() -> None:
+            run = await open_toolsets([toolset], config, host)
+            ctx = ToolContext(sandbox=None, timeout=120, session=ToolSession(run))  # type: ignore[arg-type]
+            try:
+                assert await tools["count"].run({}, ctx) == "1"
+                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+                with pytest.raises(ToolError, match=r"the answer was more than the 1048576 bytes taken"):
+                    await tools["flood"].run({"megabytes": 100}, ctx)
+                grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
+                assert grown < 50 * 1024, f"the runner grew by {grown} KiB"
+                assert await tools["count"].run({}, ctx) == "2"  # the same server, still answering
+            finally:
+                await run.aclose()
+
+        asyncio.run(main())
+
+
+def test_the_http_client_refuses_a_compressed_json_answer_and_asks_for_none() -> None:
+    """A gzip answer 1 KiB long on the wire could be a gigabyte once decoded: refused unread."""
+    import gzip
+    import http.server
+    import threading
+
+    import httpx2
+
+    from trajkit.plugins.mcp.transport import http_client
+
+    asked: list[str | None] = []
+
+    class Answers(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            asked.append(self.headers.get("Accept-Encoding"))
+            body = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"text": "x" * 5000}}).encode()
+            packed = self.path == "/gzip"
+            body = gzip.compress(body) if packed else body
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            if packed:
+                self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+
+    async def main() -> None:
+        async with http_client({"X-Test": "1"}, 8192) as client:
+            plain = await client.post(f"{base}/plain", json={})
+            assert len(await plain.aread()) > 5000  # within the bound
+            async with client.stream("POST", f"{base}/gzip", json={}) as packed:
+                with pytest.raises(httpx2.StreamError, match=r"compressed \(gzip\), which was not asked"):
+                    await packed.aread()
+        async with http_client({}, 1024) as client:
+            with pytest.raises(httpx2.StreamError, match="more than the 1024 bytes taken"):
+                await client.post(f"{base}/plain", json={})
+
+    try:
+        asyncio.run(main())
     finally:
-        process.kill()
-        process.wait()
+        server.shutdown()
+        server.server_close()
+    assert set(asked) == {"identity"}
 
 
 def test_trajkit_toolsets_lists_what_each_server_offers(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajkit.plugins.mcp.transport import Pipe, Traffic, message_streams
+from trajkit.plugins.mcp.transport import Pipe, Traffic, http_client, message_streams
 from trajkit.tools import ToolError
 
 log = logging.getLogger("trajkit")
@@ -110,10 +110,9 @@ class Connection:
             read, write = await stack.enter_async_context(streams)
             return read, write
         from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
 
         assert endpoint.url is not None
-        client = await stack.enter_async_context(create_mcp_http_client(headers=dict(endpoint.headers)))
+        client = await stack.enter_async_context(http_client(endpoint.headers, endpoint.max_message))
         opened = streamable_http_client(
             endpoint.url, http_client=client, max_sse_event_size=endpoint.max_message
         )

@@ -1,11 +1,13 @@
-"""Byte pipes to MCP servers that speak JSON-RPC over standard input and output, one message a line.
+"""Byte pipes to MCP servers that speak JSON-RPC over standard input and output, one message a line,
+and the HTTP client of a Streamable HTTP server, bounded alike.
 
 Two kinds of pipe: a process of the runner's machine (a ``shared`` server) and a background process
 of a session's sandbox (a ``per_session`` server, through :meth:`trajkit.sandbox.Sandbox.start_process`,
 so it runs wherever the sandbox runs). :func:`message_streams` turns either into the two streams the
 ``mcp`` SDK's ``ClientSession`` takes. Unlike the SDK's own stdio client it holds at most
 ``max_message`` bytes of one line: a longer one (a flood) is skipped as it streams and said with
-:attr:`Flood.seen`, so a server cannot grow the runner's memory.
+:attr:`Flood.seen`, so a server cannot grow the runner's memory. :func:`http_client` holds a URL
+server's plain-JSON answers to as much (its server-sent events are bounded by the SDK).
 """
 
 from __future__ import annotations
@@ -275,3 +277,46 @@ async def message_streams(pipe: Pipe, max_message: int, traffic: Traffic) -> Asy
             group.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 await pipe.close()
+
+
+def http_client(headers: Mapping[str, str], max_message: int) -> Any:
+    """The SDK's HTTP client for a Streamable HTTP server, but reading at most ``max_message``
+    bytes of a plain-JSON answer: a longer one fails as it streams (the SDK makes that failure
+    the JSON-RPC error of the request it answered), and so does one the server compressed
+    although asked not to, whose size once decoded cannot be told before it is held."""
+    import httpx2
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    class AnswerRefused(httpx2.StreamError):
+        pass
+
+    class Bounded(httpx2.AsyncByteStream):
+        def __init__(self, inner: Any, refusal: str) -> None:
+            self.inner = inner
+            self.refusal = refusal
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            if self.refusal:
+                raise AnswerRefused(self.refusal)
+            taken = 0
+            async for chunk in self.inner:
+                taken += len(chunk)
+                if taken > max_message:
+                    raise AnswerRefused(f"the answer was more than the {max_message} bytes taken")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    async def bound(response: Any) -> None:
+        if not response.headers.get("content-type", "").lower().startswith("application/json"):
+            return  # an event stream: the SDK bounds each event
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        refusal = (
+            "" if encoding == "identity" else f"the answer was compressed ({encoding}), which was not asked"
+        )
+        response.stream = Bounded(response.stream, refusal)
+
+    client = create_mcp_http_client(headers={"Accept-Encoding": "identity", **headers})
+    client.event_hooks = {"request": [], "response": [bound]}
+    return client
