@@ -127,8 +127,11 @@ def trajkit_configured_toolsets(config: RunConfig) -> Sequence[Toolset]:
 
     Called once per resolved configuration (:func:`trajkit.config.resolve.resolve`), after its
     values are validated and before the run plans its draws, in the process that resolves it.
-    Unlike :func:`trajkit_toolsets` it may take time: it is where a toolset learns its tools by
-    asking for them (an MCP server's ``tools/list``), within a bounded timeout.
+    Unlike :func:`trajkit_toolsets` it may take time: it is where a toolset learns the tools it
+    offers every session by asking for them (a shared MCP server's ``tools/list``), within a
+    bounded timeout. A toolset whose tools exist only in a session (a server started in the
+    session's sandbox) returns no tools here and gives them per session with
+    :meth:`trajkit.tools.Toolset.session_tools`.
 
     :param config: the run's validated configuration (its plugin tables in ``config.tables``).
     :return: :class:`trajkit.tools.Toolset` objects, added to those the run may draw and name;
