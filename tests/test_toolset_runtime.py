@@ -161,3 +161,54 @@ def test_a_toolset_that_cannot_start_stops_the_run_before_any_session(
     assert not (tmp_path / "t" / "trajectories.jsonl").exists() or not read_jsonl(
         tmp_path / "t" / "trajectories.jsonl"
     )
+
+
+def test_tools_learnt_per_session_are_offered_and_a_toolset_that_cannot_is_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``Toolset.session_tools``: each drawn toolset is asked in the session, with its sandbox; a
+    ``ToolsetError`` leaves that toolset out (said with the work id), a name another toolset
+    has is left out, any other error is the session's."""
+    import asyncio
+    import logging
+    from dataclasses import dataclass
+    from typing import Any
+
+    from trajkit.tools import Tool, ToolSession, Toolset, ToolsetError, flat_tools, session_tools
+
+    async def answer(args: dict[str, Any], ctx: Any) -> str:
+        return "ok"
+
+    def tool(name: str) -> Tool:
+        return Tool(name, "", {"type": "object"}, answer)
+
+    @dataclass(frozen=True)
+    class Learnt(Toolset):
+        failure: str = ""
+
+        async def session_tools(self, session: ToolSession, sandbox: Any) -> tuple[Tool, ...]:
+            session.state[self.name] = sandbox
+            if self.failure == "toolset":
+                raise ToolsetError("its server did not start")
+            if self.failure == "bug":
+                raise RuntimeError("a bug")
+            return (tool(f"{sandbox}_tool"), tool("shared_name"))
+
+    plain = Toolset("plain", "", (tool("shared_name"), tool("plain_tool")))
+    learnt, broken = Learnt("learnt", "", ()), Learnt("broken", "", (), failure="toolset")
+    session = ToolSession()
+
+    with caplog.at_level(logging.WARNING, logger="trajkit"):
+        offered = asyncio.run(session_tools([plain, broken, learnt], session, "box", "w-7"))
+    assert {name: list(tools) for name, tools in offered.items()} == {
+        "plain": ["shared_name", "plain_tool"],
+        "learnt": ["box_tool"],  # its shared_name is plain's
+    }
+    assert list(flat_tools(offered)) == ["shared_name", "plain_tool", "box_tool"]
+    assert session.state == {"broken": "box", "learnt": "box"}
+    said = [record.getMessage() for record in caplog.records]
+    assert "w-7: broken offers no tools in this session: its server did not start" in said
+    assert "w-7: learnt: tool 'shared_name' left out: another toolset has it" in said
+    with pytest.raises(RuntimeError, match="a bug"):
+        asyncio.run(session_tools([Learnt("buggy", "", (), failure="bug")], ToolSession(), "box"))
+    assert asyncio.run(plain.listed_tools()) == (plain.tools, None)
