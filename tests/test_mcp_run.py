@@ -186,3 +186,61 @@ def test_a_per_session_server_found_only_in_the_row_s_image_is_listed_there(
     names = {schema["function"]["name"]: schema["function"] for schema in offered}
     assert set(names) == set(record["tools_offered"])
     assert names["write_note"]["parameters"]["required"] == ["name", "text"]
+
+
+def test_the_library_agent_offers_a_per_session_server_s_tools(sandbox_root: Path) -> None:
+    from trajkit.library import Agent
+
+    servers = {"notes": {"command": "python3", "args": ["-c", STDLIB_SERVER]}}
+    with OpenAITestServer(calling_policy) as server:
+        agent = Agent(
+            "m", base_url=server.base_url, api_key="k", enabled_toolsets=["mcp:notes"],
+            sandbox_options={"root": str(sandbox_root)}, mcp_servers=servers,
+        )  # fmt: skip
+        assert agent.tools == {}  # listed in each conversation's sandbox
+        result = agent.run_conversation(IMAGE_PROMPT)
+    assert result.completed
+    assert result.tool_stats["write_note"].success == 1
+    assert result.tool_stats["list_files"].success == 1
+    results = [m["content"] for m in result.messages if m["role"] == "tool"]
+    assert results == ["written", '["n.txt"]']
+
+
+def test_trajkit_serve_offers_and_records_a_per_session_server_s_tools(
+    tmp_path: Path, sandbox_root: Path
+) -> None:
+    import openai
+
+    from tests.serve_helpers import ServeProcess, write_key
+
+    config = tmp_path / "serve.toml"
+    config.write_text(
+        'toolsets = ["mcp:notes"]\n[mcp_servers.notes]\ncommand = "python3"\n'
+        f'args = ["-c", {json.dumps(STDLIB_SERVER)}]\n'
+    )
+    run_dir, key = tmp_path / "served", write_key(tmp_path / "server.key", "server-key-for-mcp-4242")
+    with OpenAITestServer(calling_policy) as model:
+        process = ServeProcess(
+            "--config", str(config), "--model", "m", "--base_url", model.base_url,
+            "--server_key_file", str(key), "--sandbox_option", f"local.root={sandbox_root}",
+            "--record", str(run_dir),
+        )  # fmt: skip
+        try:
+            api = openai.OpenAI(base_url=process.base_url, api_key="server-key-for-mcp-4242", max_retries=0)
+            answer = api.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": IMAGE_PROMPT}]
+            )
+            assert "written" in (answer.choices[0].message.content or "")
+        finally:
+            assert process.stop() == 0, process.stderr
+    (record,) = read_jsonl(run_dir / "trajectories.jsonl")
+    assert record["toolsets_used"] == ["mcp:notes"]
+    assert record["tool_stats"]["write_note"] == {"count": 1, "success": 1, "failure": 0}
+    assert record["tool_stats"]["list_files"] == {"count": 1, "success": 1, "failure": 0}
+    offered = json.loads((run_dir / "tools.json").read_text())[record["tool_schemas_key"]]
+    assert {schema["function"]["name"] for schema in offered} == {
+        "write_note",
+        "list_files",
+        "environment",
+        "flood",
+    }

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import copy
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -129,16 +129,18 @@ class Recorder:
         *,
         score: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
+        own_tools: Iterable[str] = (),
     ) -> None:
         """Append one served session's record; ``schemas`` are the tools offered, the agent's
         and the client's, saved once per distinct set in ``tools.json`` as a run's are;
-        ``score`` is the record's score, ``metadata`` fields added to its metadata."""
+        ``score`` is the record's score, ``metadata`` fields added to its metadata; ``own_tools``
+        the session's own tools (not the client's), counted in ``tool_stats`` with the run's."""
         identity = prompt_id(dumps_line(conversation).decode(), None, None, SERVED_BACKEND)
         occurrence = self.occurrences.get(identity, 0)
         self.occurrences[identity] = occurrence + 1
         index = len(self.index.records) + self.unmerged
         record = record_json(
-            result, self.run_tools,
+            result, sorted({*self.run_tools, *own_tools}),
             work_id=f"{identity}.{occurrence}", prompt_id=identity, prompt_index=index,
             metadata={
                 "batch_num": self.ledger.next_batch_num(),

@@ -166,7 +166,7 @@ class ServedAgent:
             used = {name for name, by_name in offered.items() if called & set(by_name)}
             self.recorder.record(
                 result, conversation, sorted(toolsets), sorted(used), schemas,
-                time.monotonic() - started, self.config.sandbox, request_id,
+                time.monotonic() - started, self.config.sandbox, request_id, own_tools=tools,
             )  # fmt: skip
         return Served(result, reasoning)
 
