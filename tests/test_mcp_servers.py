@@ -131,6 +131,9 @@ def test_environment_values_come_from_the_runner_by_name() -> None:
     assert expand({"TOKEN": "Bearer ${SECRET}"}, "env", {"SECRET": "s3"}) == {"TOKEN": "Bearer s3"}
     with pytest.raises(ToolsetError, match=r"names \$\{MISSING\}, which is not set"):
         expand({"TOKEN": "${MISSING}"}, "env", {})
+    per_session = {"command": "a-server-of-the-image", "env": {"TOKEN": "${MCP_TEST_NEVER_SET}"}}
+    with pytest.raises(ConfigurationError, match=r"MCP server 'late' env names \$\{MCP_TEST_NEVER_SET\}"):
+        configured({"late": per_session})  # before any session, though it starts in sessions
 
 
 def test_configuration_errors_name_the_entry_and_key() -> None:

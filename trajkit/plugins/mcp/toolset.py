@@ -124,6 +124,7 @@ async def configured(name: str, server: McpServer) -> McpToolset:
     """The toolset of ``server``: a shared server's tools as it lists them, started once on this
     machine; a per-session server's are listed in each session's sandbox."""
     if not server.shared:
+        expand(server.env, f"MCP server {name!r} env")  # a variable not set stops the run here
         return McpToolset.of(name, server, [])
     return McpToolset.of(name, server, await listed_on_host(name, server))
 
