@@ -2,7 +2,7 @@
 # Run a private Docker daemon and build trajkit's test images, with no systemd and no image registry.
 #
 #   bash scripts/engines/docker.sh start    # install docker.io if needed, start dockerd (idempotent)
-#   bash scripts/engines/docker.sh images   # build trajkit-test/busybox and trajkit-test/python locally
+#   bash scripts/engines/docker.sh images   # build trajkit-test/busybox, /python and /chromium locally
 #   bash scripts/engines/docker.sh stop     # stop the daemon started by `start`
 #
 # The daemon runs without iptables and without a bridge: containers get loopback only unless they
@@ -15,6 +15,7 @@ EXEC_ROOT=${TRAJKIT_DOCKER_EXEC_ROOT:-/run/trajkit-docker}
 CACHE_DIR=${TRAJKIT_CACHE_DIR:-/var/cache/trajkit}
 SOCKET=${TRAJKIT_DOCKER_SOCKET:-/var/run/docker.sock}
 DEBIAN_MIRROR=${TRAJKIT_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+SECURITY_MIRROR=${TRAJKIT_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 PIDFILE="$STATE_DIR/dockerd.pid"
 LOGFILE="$STATE_DIR/dockerd.log"
 READY_TIMEOUT=${TRAJKIT_DOCKER_READY_TIMEOUT:-60}
@@ -22,11 +23,17 @@ READY_TIMEOUT=${TRAJKIT_DOCKER_READY_TIMEOUT:-60}
 BUSYBOX_IMAGE=trajkit-test/busybox:latest
 PYTHON_IMAGE=trajkit-test/python:latest
 PYTHON_ROOTFS="$CACHE_DIR/python-bookworm-minbase.tar"
+CHROMIUM_IMAGE=trajkit-test/chromium:latest
+CHROMIUM_SAVED="$CACHE_DIR/chromium-bookworm.tar"
+BUILD_CONTAINER=""
 
 APT_UPDATED=0
 SCRATCH=""
 
-cleanup() { if [ -n "$SCRATCH" ]; then rm -rf "$SCRATCH"; fi; }
+cleanup() {
+    if [ -n "$SCRATCH" ]; then rm -rf "$SCRATCH"; fi
+    if [ -n "$BUILD_CONTAINER" ]; then docker_cli rm -f "$BUILD_CONTAINER" >/dev/null 2>&1 || true; fi
+}
 trap cleanup EXIT
 
 # A fresh scratch directory, removed when the script exits however it exits.
@@ -218,11 +225,53 @@ build_python() {
         "$PYTHON_ROOTFS" "$PYTHON_IMAGE" >/dev/null
 }
 
+# The python image plus Python's standard library (a test's web app: python3 -m http.server) and
+# Debian's chromium (the browser toolset's in-container browser), without recommends, documentation,
+# translations, icons, or Mesa's drivers and their LLVM (headless Chromium draws with its own
+# SwiftShader). Built in a container on the host network
+# (the only network this daemon gives), then saved to the cache so a rebuild only loads it.
+build_chromium() {
+    if image_exists "$CHROMIUM_IMAGE"; then
+        log "$CHROMIUM_IMAGE exists; skipping"
+        return 0
+    fi
+    if [ -s "$CHROMIUM_SAVED" ]; then
+        log "loading cached $CHROMIUM_SAVED"
+        docker_cli load -i "$CHROMIUM_SAVED" >/dev/null
+        return 0
+    fi
+    BUILD_CONTAINER=trajkit-build-chromium-$$
+    log "installing chromium into $PYTHON_IMAGE (about 2 min)"
+    docker_cli run --name "$BUILD_CONTAINER" --network host "$PYTHON_IMAGE" /bin/sh -c "
+        set -e
+        printf 'deb %s bookworm main\\ndeb %s bookworm-security main\\n' '$DEBIAN_MIRROR' '$SECURITY_MIRROR' \\
+            > /etc/apt/sources.list
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \\
+            chromium libpython3.11-stdlib >/dev/null
+        apt-get clean
+        rm -rf /var/lib/apt/lists/* /usr/share/doc/* /usr/share/man/* /usr/share/info/* \\
+            /usr/share/locale/* /usr/share/icons/* /usr/lib/x86_64-linux-gnu/dri \\
+            /usr/lib/x86_64-linux-gnu/libLLVM-* /usr/lib/x86_64-linux-gnu/libz3.* \\
+            /usr/lib/chromium/libVkLayer_khronos_validation.so
+        find /usr/lib/chromium/locales -name '*.pak' ! -name en-US.pak -delete
+        /usr/lib/chromium/chromium --version
+        python3 -c 'import http.server'
+    " >&2
+    docker_cli commit --change 'CMD ["/bin/sh"]' "$BUILD_CONTAINER" "$CHROMIUM_IMAGE" >/dev/null
+    docker_cli rm -f "$BUILD_CONTAINER" >/dev/null
+    BUILD_CONTAINER=""
+    mkdir -p "$CACHE_DIR"
+    docker_cli save -o "$CHROMIUM_SAVED.partial" "$CHROMIUM_IMAGE"
+    mv "$CHROMIUM_SAVED.partial" "$CHROMIUM_SAVED"
+}
+
 cmd_images() {
     daemon_answers || die "no docker daemon answers on $SOCKET; run '$0 start' first"
     build_busybox
     build_python
-    log "images ready: $BUSYBOX_IMAGE $PYTHON_IMAGE"
+    build_chromium
+    log "images ready: $BUSYBOX_IMAGE $PYTHON_IMAGE $CHROMIUM_IMAGE"
 }
 
 main() {

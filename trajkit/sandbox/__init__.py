@@ -34,7 +34,7 @@ import os
 import re
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, ClassVar
 
@@ -150,6 +150,16 @@ class SandboxInfo:
 
 
 @dataclass(frozen=True)
+class HostBridge:
+    """A command of the runner's host that runs a program inside a sandbox, the program's standard
+    input and output being the host command's own (see :meth:`Sandbox.bridge`)."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables the host command needs besides the runner's environment (an engine's address)."""
+
+
+@dataclass(frozen=True)
 class ExecResult:
     exit_code: int
     stdout: str
@@ -195,6 +205,17 @@ class Sandbox(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Destroy the sandbox. Safe to call more than once."""
+
+    def bridge(self, argv: Sequence[str]) -> HostBridge | None:
+        """A host command that runs ``argv`` inside the sandbox, with its standard input and output
+        those of the host command and nothing else of the host's: for a program driven over a pipe
+        from the runner, such as a browser over its DevTools pipe. The program runs under the
+        sandbox's limits and network, as a user other than the one commands run as where the
+        backend can (so commands cannot read or write its pipe), and ends with the sandbox.
+
+        None (the default) when the backend has no such command.
+        """
+        return None
 
     async def start_process(
         self, command: str, *, env: Mapping[str, str] | None = None, output_kept: int = DEFAULT_OUTPUT_KEPT

@@ -14,6 +14,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import os
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -63,6 +64,9 @@ def script(name: str) -> str:
 class BrowserSession:
     pool: BrowserPool
     settings: BrowserSettings
+    launcher: Callable[[], Awaitable[str | None]] | None = None
+    """Finds where this session's browser runs: a program that starts it inside the session's
+    sandbox (:mod:`trajkit.plugins.browser.inside`), or None for the run's shared browsers."""
     lease: Lease | None = None
     page: Page | None = None
     console: collections.deque[dict[str, str]] = field(
@@ -113,7 +117,7 @@ class BrowserSession:
 
     async def _page(self) -> Page:
         if self.lease is None:
-            self.lease = await self.pool.lease()
+            self.lease = await self._lease()
             self.lease.context.on("page", self._opened)
         if self.page is None or self.page.is_closed():
             self.crashed = False
@@ -124,6 +128,15 @@ class BrowserSession:
                 await self._abandon()
                 raise ToolError(f"the browser did not open a page within {OPEN_TIMEOUT:g}s") from None
         return self.page
+
+    async def _lease(self) -> Lease:
+        launcher = await self.launcher() if self.launcher is not None else None
+        if launcher is None:
+            return await self.pool.lease()
+        try:
+            return await self.pool.lease(launcher)
+        finally:
+            os.unlink(launcher)  # Playwright has started it (or failed to): it is needed no more
 
     def _opened(self, page: Page) -> None:
         assert self.lease is not None
@@ -178,7 +191,7 @@ class BrowserSession:
         if self.windows_closed:
             found["windows_closed"], self.windows_closed = self.windows_closed, 0
             found["windows_note"] = f"a session may have {self.settings.max_pages} windows open"
-        if self.lease is not None:
+        if self.lease is not None and self.lease.gate is not None:
             refused = self.lease.gate.take_refusals()
             if refused:
                 found["refused"] = refused

@@ -62,7 +62,8 @@ class Lease:
     """A session's browser context, its proxy port and the process it lives in."""
 
     context: BrowserContext
-    gate: Gate
+    gate: Gate | None
+    """The context's port of the proxy; None for a browser inside a sandbox, which has none."""
     chromium: Chromium
     closed: bool = field(default=False)
 
@@ -85,17 +86,25 @@ class BrowserPool:
     async def start(self) -> None:
         await self.proxy.start()
 
-    async def lease(self) -> Lease:
+    async def lease(self, launcher: str | None = None) -> Lease:
         """A new context for a session, once the run has a free slot (waiting for one is not
-        limited); :class:`ToolError` when no browser can be started or opened in time."""
+        limited); :class:`ToolError` when no browser can be started or opened in time.
+
+        ``launcher``: a program that starts a browser of the session's own inside its sandbox
+        (:mod:`trajkit.plugins.browser.inside`), closed with the context; its requests do not go
+        through the proxy, which it cannot reach. None: a context in the run's shared processes.
+        """
         await self._slots.acquire()
         try:
             async with asyncio.timeout(OPEN_TIMEOUT):
-                chromium = await self._chromium()
-                gate = await self.proxy.open_gate()
+                if launcher is None:
+                    chromium, gate = await self._chromium(), await self.proxy.open_gate()
+                else:
+                    chromium, gate = Chromium(await self._launch_browser(launcher), retiring=True), None
+                    self._chromiums.append(chromium)
                 try:
                     context = await chromium.browser.new_context(
-                        proxy={"server": gate.server, "bypass": "<-loopback>"},
+                        proxy={"server": gate.server, "bypass": "<-loopback>"} if gate else None,
                         accept_downloads=False,
                         service_workers="block",
                         viewport={
@@ -104,7 +113,10 @@ class BrowserPool:
                         },
                     )
                 except BaseException:
-                    await self.proxy.close_gate(gate)
+                    if gate is not None:
+                        await self.proxy.close_gate(gate)
+                    if launcher is not None:
+                        await self._close(chromium)
                     raise
         except TimeoutError:
             self._slots.release()
@@ -129,7 +141,8 @@ class BrowserPool:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(CLOSE_TIMEOUT):
                     await lease.context.close()
-            await self.proxy.close_gate(lease.gate)
+            if lease.gate is not None:
+                await self.proxy.close_gate(lease.gate)
         finally:
             lease.chromium.open -= 1
             self._slots.release()
@@ -142,22 +155,25 @@ class BrowserPool:
             self._chromiums = [c for c in self._chromiums if c.browser.is_connected() or c.open]
             live = [c for c in self._chromiums if not c.retiring and c.browser.is_connected()]
             if not live or (len(live) < self.settings.browsers and min(c.open for c in live) > 0):
-                chromium = Chromium(await self._launch_browser())
+                chromium = Chromium(await self._launch_browser(None))
                 self._chromiums.append(chromium)
                 return chromium
             return min(live, key=lambda c: c.open)
 
-    async def _launch_browser(self) -> Browser:
+    async def _launch_browser(self, launcher: str | None) -> Browser:
+        """A browser of the run's (its background traffic to the proxy's refusing port), or one
+        started by ``launcher`` inside a sandbox."""
         from playwright.async_api import Error, async_playwright
 
         assert self.proxy.background is not None
+        proxy = {"server": self.proxy.background.server, "bypass": "<-loopback>"}
         try:
             if self._playwright is None:
                 self._playwright = await async_playwright().start()
             browser = await self._playwright.chromium.launch(
-                executable_path=self.settings.executable_path or None,
+                executable_path=launcher or self.settings.executable_path or None,
                 headless=True,
-                proxy={"server": self.proxy.background.server, "bypass": "<-loopback>"},
+                proxy=None if launcher else proxy,  # type: ignore[arg-type]
                 args=[
                     *CHROMIUM_ARGS,
                     f"--js-flags=--max-old-space-size={self.settings.max_script_memory_mb}",

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import json
 import os
 import re
 import shutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from playwright.async_api import Page
 
     from trajkit.model import ModelClient
+    from trajkit.plugins.browser.inside import SandboxBrowsers
     from trajkit.plugins.browser.page import BrowserSession
     from trajkit.plugins.browser.pool import BrowserPool
 
@@ -54,6 +56,11 @@ def trajkit_toolsets() -> list[Toolset]:
 
 
 class BrowserSettings(StrictSettings):
+    where: Literal["runner", "sandbox", "auto"] = "runner"
+    """Where a session's browser runs: runner (the run's shared browsers, behind its filtering
+    proxy); sandbox (for a row with an image, that image's Chromium inside the session's container,
+    so a web app of the task is at localhost; the container's network policy applies, not the
+    proxy); auto (inside when the image has a Chromium, else the runner)."""
     executable_path: str | None = None
     """The Chromium (or Chrome) program Playwright drives; default: Debian's
     /usr/lib/chromium/chromium, else `chromium` on PATH."""
@@ -111,6 +118,7 @@ class BrowserToolset(Toolset):
         settings: BrowserSettings = run.settings_of(self)
         if problem := self.problem(settings):
             raise ToolsetError(f"browser: {problem}")
+        from trajkit.plugins.browser.inside import SandboxBrowsers
         from trajkit.plugins.browser.pool import BrowserPool
         from trajkit.plugins.web.pages import ALLOW_HINT
         from trajkit.plugins.web.toolset import web_settings
@@ -120,7 +128,7 @@ class BrowserToolset(Toolset):
         policy = NetworkPolicy.allowing(web_settings(run.config).allow_hosts, hint=ALLOW_HINT)
         pool = BrowserPool(settings, policy)
         await pool.start()
-        browsing = BrowserRun(run, settings, pool)
+        browsing = BrowserRun(run, settings, pool, SandboxBrowsers(settings.where))
         run.resources[self.name] = browsing
         run.on_close(browsing.aclose)
 
@@ -132,6 +140,7 @@ class BrowserRun:
     run: ToolRun
     settings: BrowserSettings
     pool: BrowserPool
+    inside: SandboxBrowsers
     _vision: ModelClient | None = None
     _vision_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -152,6 +161,7 @@ class BrowserRun:
         try:
             await self.pool.aclose()
         finally:
+            self.inside.close()
             if self._vision is not None:
                 await self._vision.aclose()
 
@@ -164,7 +174,9 @@ def _session(ctx: ToolContext) -> BrowserSession:
             raise ToolError("the browser tools were not started for this run")
         from trajkit.plugins.browser.page import BrowserSession
 
-        found = BrowserSession(browsing.pool, browsing.settings)
+        found = BrowserSession(
+            browsing.pool, browsing.settings, functools.partial(browsing.inside.launcher, ctx.sandbox)
+        )
         ctx.session.state["browser"] = found
         ctx.session.on_close(found.close)
     return found
@@ -225,7 +237,8 @@ async def browser_navigate(args: dict[str, Any], ctx: ToolContext) -> str:
 
 
 def _refusals(session: BrowserSession) -> list[str]:
-    return session.lease.gate.take_refusals() if session.lease is not None else []
+    lease = session.lease
+    return lease.gate.take_refusals() if lease is not None and lease.gate is not None else []
 
 
 async def browser_snapshot(args: dict[str, Any], ctx: ToolContext) -> str:

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import logging
 import posixpath
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +19,7 @@ from trajkit.sandbox import (
     CappedBuffer,
     ExecResult,
     FileTooLarge,
+    HostBridge,
     NotARegularFile,
     Sandbox,
     SandboxError,
@@ -27,6 +29,7 @@ from trajkit.sandbox import (
 )
 from trajkit_docker.archive import resolve_link
 from trajkit_docker.engine import Engine, file_kind, translated
+from trajkit_docker.settings import BRIDGE_USER
 
 if TYPE_CHECKING:
     from trajkit_docker.backend import DockerBackend
@@ -289,6 +292,14 @@ class DockerSandbox(Sandbox):
             code = await self._call(self._engine.feed, self.container_id, argv, data, self.user.name)
         if code != 0:
             raise _write_error(code, target)
+
+    def bridge(self, argv: Sequence[str]) -> HostBridge | None:
+        """``argv`` run as :data:`~trajkit_docker.settings.BRIDGE_USER` by one exec of the engine,
+        its standard streams copied by :mod:`trajkit_docker.bridge`: the container's network stays
+        as it is (no port is published, nothing listens on the host) and its limits hold."""
+        return HostBridge(
+            (sys.executable, "-m", "trajkit_docker.bridge", self.container_id, BRIDGE_USER, *argv)
+        )
 
     async def close(self) -> None:
         if self._closed:

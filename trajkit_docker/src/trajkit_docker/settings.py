@@ -21,6 +21,10 @@ DEFAULT_USER = "1000:1000"
 KEEPER_USER = "65534:65534"
 """Who the container's first process (which only waits) runs as, unless ``user=image``: another
 user than the commands', so that they can neither signal nor read it."""
+BRIDGE_USER = "65533:65533"
+"""Who a program bridged to the runner runs as (a browser driven over its DevTools pipe, see
+:meth:`~trajkit_docker.sandbox.DockerSandbox.bridge`): a user of its own, so that the commands can
+neither read nor write its pipe to the runner, nor signal or trace it."""
 _USER = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*(:[A-Za-z0-9_.][A-Za-z0-9_.-]*)?$")
 
 
