@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,16 +98,27 @@ def browser_usage(cpu: dict[int, float]) -> int:
 
 
 async def one_session(
-    run: Any, url: str, think: float, timings: dict[str, list[float]], errors: list[str]
+    run: Any,
+    url: str,
+    think: float,
+    timings: dict[str, list[float]],
+    errors: list[str],
+    *,
+    sandbox: Any = None,
+    session: Any = None,
+    on_open: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
+    """One session's browsing; its ``session`` is closed here unless the caller gives one, and
+    ``on_open`` is awaited once its first page is open."""
     import re
 
     from trajkit.plugins.browser.toolset import TOOLS
     from trajkit.tools import ToolContext, ToolError, ToolSession
 
     tools = {tool.name: tool.run for tool in TOOLS}
-    session = ToolSession(run)
-    ctx = ToolContext(sandbox=None, output_cap=32 * 1024, session=session)  # type: ignore[arg-type]
+    own = session is None
+    session = session or ToolSession(run)
+    ctx = ToolContext(sandbox=sandbox, output_cap=32 * 1024, session=session)
 
     async def call(name: str, key: str | None = None, **args: Any) -> dict[str, Any]:
         started = time.perf_counter()
@@ -124,6 +136,8 @@ async def one_session(
         opened = await call(
             "browser_navigate", "first browser_navigate (waits for a context)", url=f"{url}/links.html"
         )
+        if on_open is not None:
+            await on_open()
         link = re.search(r'link "The form" \[ref=(\w+)\]', opened.get("snapshot", ""))
         if link:
             form = await call("browser_click", ref=link.group(1))
@@ -135,7 +149,8 @@ async def one_session(
         await call("browser_scroll", direction="down")
         await call("browser_navigate", url=f"{url}/form.html")
     finally:
-        await session.aclose()
+        if own:
+            await session.aclose()
 
 
 async def measure(sessions: int, args: argparse.Namespace, url: str) -> dict[str, Any]:
