@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bench import (
     atropos,
+    browser_inside,
     browser_sessions,
     chat_templates,
     cold_start,
@@ -35,6 +36,7 @@ BENCHMARKS = {
     "file_tools": file_tools.main,
     "atropos": atropos.main,
     "browser_sessions": browser_sessions.main,
+    "browser_inside": browser_inside.main,
 }
 
 

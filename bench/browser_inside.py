@@ -140,7 +140,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--think", type=float, default=1.0, help="seconds between a session's calls")
     parser.add_argument("--json", type=Path, help="write the results to this file")
+    parser.add_argument("--source", type=Path, help="import trajkit from this directory (another checkout)")
     args = parser.parse_args(argv)
+    if args.source:
+        sys.path.insert(0, str(args.source.resolve()))
     results = []
     for count in (int(n) for n in args.sessions.split(",")):
         result = asyncio.run(measure(count, args))
@@ -151,4 +154,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -49,6 +49,11 @@ BROWSERS = (
     "for p in /proc/[0-9]*; do c=$(cat $p/comm 2>/dev/null) || continue; case $c in chromium*)"
     " echo \"$(awk '/^Uid:/ {print $2}' $p/status) $c ${p#/proc/}\";; esac; done"
 )
+# The browser's main process: started by an exec, so its parent is outside the container.
+MAIN_BROWSER = (
+    'for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = chromium ]'
+    " && grep -q '^PPid:[[:space:]]*0$' $p/status && echo ${p#/proc/}; done"
+)
 
 
 def docker_missing(image: str) -> str | None:
@@ -139,7 +144,17 @@ async def test_the_browser_runs_in_the_container_and_browses_its_app_at_localhos
         # see its pipe to the runner nor signal it.
         running = (await sandbox.exec(BROWSERS, timeout=30)).stdout.split()
         assert running[0::3] and set(running[0::3]) == {"65533"}, running
-        main = running[2]
+        main = (await sandbox.exec(MAIN_BROWSER, timeout=30)).stdout.strip()
+        assert main in running[2::3], running
+        profile = await sandbox.exec(
+            f"tr '\\0' '\\n' < /proc/{main}/cmdline | grep user-data-dir", timeout=30
+        )
+        assert re.fullmatch(
+            r"(--user-data-dir=\S+\n)*--user-data-dir=/tmp/trajkit-browser\.\w+/profile\n", profile.stdout
+        )
+        assert (
+            await sandbox.exec("ls -d /tmp/playwright*", timeout=30)
+        ).exit_code != 0  # not the runner's path
         probe = await sandbox.exec(
             f"ls /proc/{main}/fd; echo x > /proc/{main}/fd/4; kill -0 {main}", timeout=30
         )
