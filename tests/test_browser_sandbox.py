@@ -23,7 +23,7 @@ from tests.test_browser_tools import call, chromium_missing, ref_of, site
 from trajkit.config.resolve import resolve
 from trajkit.manager import load_plugins
 from trajkit.plugins.local.sandbox import LocalBackend
-from trajkit.sandbox import Sandbox, SandboxBackend, SandboxSpec
+from trajkit.sandbox import Sandbox, SandboxBackend, SandboxInfo, SandboxSpec
 from trajkit.testing.engines import need_engine
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.tools import ToolContext, ToolError, ToolSession, close_session, open_toolsets
@@ -187,10 +187,18 @@ async def test_auto_browses_from_the_runner_when_the_image_has_no_chromium(sandb
                 await call(ctx, "browser_navigate", url=f"{url}/form")
         local = LocalBackend({"root": str(sandbox_root)})
         try:
-            async with session_in(local, None, allow, where="sandbox") as (ctx, _):
+            async with session_in(local, None, allow, where="sandbox") as (ctx, sandbox):
                 opened = await call(ctx, "browser_navigate", url=f"{url}/form")
                 assert opened["title"] == "Sign the guest book"
                 assert ctx.session.state["browser"].lease.gate is not None
+            # a row with an image on a backend that has no bridge: the runner's browser under auto
+            async with session_in(local, None, allow, where="auto") as (ctx, sandbox):
+                sandbox.info = SandboxInfo("local", image="example/app")
+                assert (await call(ctx, "browser_navigate", url=f"{url}/form"))["status"] == 200
+            async with session_in(local, None, allow, where="sandbox") as (ctx, sandbox):
+                sandbox.info = SandboxInfo("local", image="example/app")
+                with pytest.raises(ToolError, match="the local sandbox cannot run a browser inside it"):
+                    await call(ctx, "browser_navigate", url=f"{url}/form")
         finally:
             await local.aclose()
 
