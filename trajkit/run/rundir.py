@@ -45,6 +45,9 @@ list has them, sorted by tool name; each record's ``tool_schemas_key`` names its
 LOCK_FILE = "run.lock"
 """Not a dot file: the merge removes dot files (its own temporaries) left by a crash."""
 SPEND_KEYS = ("requests", "prompt_tokens", "completion_tokens", "cost")
+ACCOUNTS_INTERVAL = 5.0
+"""Seconds between updates of the invocation's entry in run.json (what it has spent so far), by a
+run and by ``trajkit serve --record`` alike (:class:`ManifestKeeper`)."""
 """What a model client counts over every response it received (``ModelClient.statistics``)."""
 SPEND_DIR = "spend"
 """One append-only file per invocation, ``spend/RUN_ID.jsonl``: a line of what the invocation's
@@ -240,6 +243,15 @@ class RunLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / LOCK_FILE
         self.fd: int | None = None
+
+    def take(self) -> None:
+        """Make the run directory (and its parents) if need be, then :meth:`acquire` the lock: how
+        the one writer of a run directory (a run, or a recording server) begins."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunIOError(self.path.parent, exc) from None
+        self.acquire()
 
     def acquire(self) -> None:
         try:
@@ -479,7 +491,9 @@ class ManifestKeeper:
     ``run.json`` every ``interval`` seconds, so that a killed invocation's spend is known. The write
     runs on a thread (it fsyncs); :meth:`stop` waits for it, so run.json never has two writers."""
 
-    def __init__(self, manifest: Manifest, fields: Callable[[], dict[str, Any]], interval: float) -> None:
+    def __init__(
+        self, manifest: Manifest, fields: Callable[[], dict[str, Any]], interval: float = ACCOUNTS_INTERVAL
+    ) -> None:
         self.manifest = manifest
         self.fields = fields
         self.interval = interval

@@ -56,7 +56,6 @@ from trajkit.run.rundir import (
     SPEND_DIR,
     Manifest,
     ManifestKeeper,
-    RunIOError,
     RunLock,
     RunLocked,
     holds_a_run,
@@ -66,7 +65,6 @@ from trajkit.run.rundir import (
 from trajkit.run.settings import resume_command, settings_for
 
 __all__ = [
-    "ACCOUNTS_INTERVAL",
     "EXIT_INCOMPLETE",
     "EXIT_INTERRUPTED",
     "EXIT_IO",
@@ -86,8 +84,6 @@ EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_IO, EXIT_LOCKED = 74, 75
 """sysexits' EX_IOERR (a file of the run could not be written or read) and EX_TEMPFAIL (another
 invocation holds the run directory: try again once it has finished)."""
-ACCOUNTS_INTERVAL = 5.0
-"""Seconds between updates of the invocation's entry in run.json (what it has spent so far)."""
 
 
 def check_backend_names(config: RunConfig, host: PluginHost) -> None:
@@ -214,11 +210,7 @@ class Runner:
         """Hold the run directory (made now if new) before anything is written in it (or deleted
         by --overwrite); note the run's settings in run.json."""
         run_dir = self.run_dir
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RunIOError(run_dir, exc) from None
-        self.lock.acquire()
+        self.lock.take()
         self._check_run_dir_held()
         if self.config.overwrite:
             for path in run_dir.iterdir():
@@ -332,9 +324,7 @@ class Runner:
     async def _run_sessions(
         self, executor: Executor, pending: list[WorkOrder], recorder: RunRecorder
     ) -> None:
-        keeper = ManifestKeeper(
-            self.manifest, lambda: recorder.progress(executor.statistics()), ACCOUNTS_INTERVAL
-        )
+        keeper = ManifestKeeper(self.manifest, lambda: recorder.progress(executor.statistics()))
         # Everything made so far (modules, plugins, the plan with an object per dataset row) lives
         # through the sessions; frozen, full collections stop re-scanning it while sessions allocate.
         gc.freeze()

@@ -41,7 +41,6 @@ from trajkit.tools.catalog import ToolCatalog, tool_schemas_key
 
 log = logging.getLogger("trajkit")
 
-ACCOUNTS_INTERVAL = 5.0
 SERVED_BACKEND = SERVED
 """Part of a served prompt's identity, so it never collides with a dataset row's."""
 
@@ -85,11 +84,7 @@ class Recorder:
         ledger for what was recorded before. Must run on the server's event loop."""
         self.host = host
         self.client_statistics = client_statistics
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RunIOError(self.run_dir, exc) from None
-        self.lock.acquire()
+        self.lock.take()
         try:
             self.manifest = Manifest(self.run_dir, self.config.run_name, __version__)
             earlier = self.manifest.data.get("config") or {}
@@ -113,7 +108,7 @@ class Recorder:
             self.occurrences[done_prompt] = max(occurrences) + 1
         self.ledger = LedgerWriter(self.run_dir, self.config.batch_size)
         self.catalog = ToolCatalog(self.run_dir)
-        self.keeper = ManifestKeeper(self.manifest, self._progress, ACCOUNTS_INTERVAL)
+        self.keeper = ManifestKeeper(self.manifest, self._progress)
         self.merger = asyncio.create_task(self._merge_now_and_then())
 
     def record(
