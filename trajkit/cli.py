@@ -106,7 +106,7 @@ def run(ctx: click.Context, **flags: Any) -> None:
         )
     if not given.get("dataset_file") and not given.get("resume"):
         raise click.UsageError("--dataset_file is required (on the command line or in --config)")
-    ctx.exit(execute(configure(host, given, places), host))
+    ctx.exit(run_and_report(configure(host, given, places), host))
 
 
 def resume_settings(given: dict[str, Any], run_dir: Path | None) -> dict[str, Any]:
@@ -189,7 +189,7 @@ def run_params(host: PluginHost) -> list[click.Parameter]:
     ]
 
 
-def execute(config: RunConfig, host: PluginHost) -> int:
+def run_and_report(config: RunConfig, host: PluginHost) -> int:
     """Run and report; returns the process exit code."""
     from trajkit.model import ModelConfigError
     from trajkit.run.dataset import DatasetError
