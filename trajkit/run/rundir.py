@@ -192,6 +192,12 @@ def read_json_object(
     return None
 
 
+def read_run_json(run_dir: Path, remedy: str) -> dict[str, Any] | None:
+    """``run.json`` as a reader of the run sees it (:func:`read_json_object`: None, with a warning
+    naming ``remedy``, when it is damaged; None when the run has none)."""
+    return read_json_object(run_dir / MANIFEST_FILE, {"invocations": list}, remedy)
+
+
 def _shape_problem(data: Any, required: dict[str, type | tuple[type, ...]]) -> str | None:
     if not isinstance(data, dict):
         return f"expected a JSON object, got {type(data).__name__}"
@@ -329,7 +335,7 @@ def read_manifest(run_dir: Path, run_name: str, version: str) -> dict[str, Any]:
     """``run.json``, or a fresh one. A damaged one is kept as ``run.json.damaged`` and rebuilt: the
     configuration is written again by the next invocation; the history of earlier ones is lost."""
     path = run_dir / MANIFEST_FILE
-    manifest = read_json_object(path, {"invocations": list}, "rebuilding it")
+    manifest = read_run_json(run_dir, "rebuilding it")
     if manifest is not None and all(isinstance(i, dict) for i in manifest["invocations"]):
         return manifest
     fresh: dict[str, Any] = {"trajkit_version": version, "run_name": run_name, "invocations": []}

@@ -26,7 +26,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from trajkit.config.resolve import CONCERNS, ConfigurationError, plugin_classes, resolve
 from trajkit.config.run_config import FINGERPRINTED, PER_INVOCATION, RunConfig
 from trajkit.run.plan import RunError
-from trajkit.run.rundir import MANIFEST_FILE, holds_a_run, read_json_object
+from trajkit.run.rundir import MANIFEST_FILE, holds_a_run, read_run_json
 
 if TYPE_CHECKING:
     from trajkit.manager import PluginHost
@@ -47,9 +47,7 @@ FILTER_SECTION = "filter_options"
 
 def saved_settings(run_dir: Path) -> dict[str, Any] | None:
     """The settings the run in ``run_dir`` was made with (run.json's ``config``), or None."""
-    manifest = read_json_object(
-        run_dir / MANIFEST_FILE, {"invocations": list}, "the run's settings must be given again"
-    )
+    manifest = read_run_json(run_dir, "the run's settings must be given again")
     config = manifest.get("config") if manifest is not None else None
     return config if isinstance(config, dict) else None
 

@@ -38,7 +38,7 @@ from trajkit.run.rundir import (
     holds_a_run,
     ledger_state,
     lock_holder,
-    read_json_object,
+    read_run_json,
     read_statistics,
     spent,
 )
@@ -87,7 +87,7 @@ def read_run(run_dir: Path, host: PluginHost) -> RunState:
     """The run directory's state, from its files alone (a run going on included)."""
     if not any((run_dir / name).exists() for name in (MANIFEST_FILE, KEPT_FILE)) and not holds_a_run(run_dir):
         raise NotARun(f"{run_dir} is not a trajkit run directory (no {MANIFEST_FILE}, no ledger)")
-    manifest = read_json_object(run_dir / MANIFEST_FILE, {"invocations": list}, "reading the run without it")
+    manifest = read_run_json(run_dir, "reading the run without it")
     manifest = manifest or {}
     holder = lock_holder(run_dir)
     index = scan(run_dir)

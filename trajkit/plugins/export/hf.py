@@ -32,7 +32,7 @@ import yaml
 from trajkit.plugins.export.writers import OpenAIWriter
 from trajkit.record.filters import Record
 from trajkit.record.schema import hf_features
-from trajkit.run.rundir import MANIFEST_FILE, read_json_object, read_statistics
+from trajkit.run.rundir import read_run_json, read_statistics
 
 DATASETS_MISSING = "the hf export needs the datasets package: pip install 'datasets>=5'"
 
@@ -196,7 +196,7 @@ def card_header(dataset: Any) -> dict[str, Any]:
 def dataset_card(dataset: Any, run_dir: Path, statistics: Mapping[str, Any] | None = None) -> str:
     """README.md: the YAML header the Hub reads, then how the data was generated."""
     header = yaml.safe_dump(card_header(dataset), sort_keys=False, allow_unicode=True)
-    manifest = read_json_object(run_dir / MANIFEST_FILE, {"invocations": list}, "the card omits it") or {}
+    manifest = read_run_json(run_dir, "the card omits it") or {}
     if statistics is None:
         statistics = read_statistics(run_dir) or {}
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
