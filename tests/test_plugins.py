@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,21 @@ def test_package_hints_come_from_plugins() -> None:
     blocked = load_plugins(entry_points=False, blocked={"trajkit.plugins.package_hints"})
     with pytest.raises(PluginError, match="unknown sandbox backend 'docker'"):
         blocked.backend("docker")
+
+
+def test_blocking_a_name_no_plugin_has_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A built-in's name is its module's: one blocked by a name it no longer has (or a misspelt
+    one) would otherwise run unnoticed."""
+    with caplog.at_level(logging.WARNING, logger="trajkit"):
+        host = load_plugins(entry_points=False, blocked={"trajkit.plugins.web", "trajkit.plugins.run_log"})
+    assert "trajkit.plugins.run_log" not in host.sources
+    assert "trajkit.plugins.web.toolset" in host.sources
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "TRAJKIT_DISABLE_PLUGINS: no plugin is named 'trajkit.plugins.web'; did you mean "
+        "'trajkit.plugins.web.image_gen' or 'trajkit.plugins.web.search_providers' or "
+        "'trajkit.plugins.web.toolset' or 'trajkit.plugins.web.vision'?"
+    ]
 
 
 def test_defaults_come_from_plugin_metadata_not_names() -> None:

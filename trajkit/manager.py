@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from trajkit.tools import Tool, Toolset
     from trajkit.tools.distributions import Distribution
     from trajkit.tools.search import SearchProvider
+
+log = logging.getLogger("trajkit")
 
 ENTRY_POINT_GROUP = "trajkit"
 BLOCK_ENV = "TRAJKIT_DISABLE_PLUGINS"
@@ -332,7 +335,8 @@ def load_plugins(
 ) -> PluginHost:
     """Build a fresh plugin manager: built-ins, then entry points, then ``extra`` plugins.
 
-    ``blocked`` (default: the names in ``$TRAJKIT_DISABLE_PLUGINS``) are skipped, built-ins included.
+    ``blocked`` (default: the names in ``$TRAJKIT_DISABLE_PLUGINS``) are skipped, built-ins included;
+    a blocked name that is no plugin's is a warning (a misspelling would block nothing).
     A plugin that fails to import is recorded in ``load_errors`` and the run goes on without it.
     A duplicate plugin name or an unknown hook name raises :class:`PluginError`.
     """
@@ -347,8 +351,16 @@ def load_plugins(
         if module_name not in blocked:
             _register(host, module_name, importlib.import_module(module_name), "built-in")
 
+    extra = list(extra)
+    found = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+    named = {*DEFAULT_PLUGINS, *(ep.name for ep in found), *(name for name, _ in extra)}
+    for name in sorted(blocked - named):
+        inside = sorted(plugin for plugin in named if plugin.startswith(f"{name}."))  # a package's
+        hint = f"; did you mean {' or '.join(map(repr, inside))}?" if inside else did_you_mean(name, named)
+        log.warning("%s: no plugin is named %r%s", BLOCK_ENV, name, hint)
+
     if entry_points:
-        for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        for ep in found:
             dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else "unknown distribution"
             if ep.name in blocked:
                 continue
