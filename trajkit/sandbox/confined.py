@@ -67,7 +67,14 @@ class Beneath:
 
     def read(self, path: str, limit: int) -> bytes:
         """The regular file ``path``, or :class:`FileTooLarge` with its head and tail."""
-        fd = self._open_file(check_path(path), os.O_RDONLY, create=False)
+        return self.read_open(self.open_regular(path), path, limit)
+
+    def open_regular(self, path: str) -> int:
+        """A read-only descriptor of the regular file ``path``, for :meth:`read_open`."""
+        return self._open_file(check_path(path), os.O_RDONLY, create=False)
+
+    def read_open(self, fd: int, path: str, limit: int) -> bytes:
+        """:meth:`read` of the descriptor ``fd`` (from :meth:`open_regular`), which it closes."""
         try:
             size = os.fstat(fd).st_size
             if size <= limit:

@@ -41,8 +41,6 @@ MARKER = "TRAJKIT_SANDBOX_TAG"  # not TRAJKIT_SANDBOX: that variable is the --sa
 """Set in every unconfined command's environment, so its processes can be found and killed."""
 INLINE_IO = 256 * 1024
 """Files up to this size are read and written on the event loop; larger ones in a worker thread."""
-INLINE_REMOVE = 32
-"""A sandbox that ran no command and got at most this many files is removed on the event loop."""
 BASE_ENV = {"LC_CTYPE": "C.UTF-8", "TERM": "dumb"}
 """UTF-8 through LC_CTYPE alone: C.UTF-8's other categories are C's, and LANG or LC_ALL would make
 every shell start load all of the locale's files, about a tenth of what a ``bash -c`` costs."""
@@ -64,7 +62,6 @@ class LocalSandbox(Sandbox):
         self.info = SandboxInfo(backend="local")
         self.closed = False
         self.ran_commands = False
-        self.files_written = 0
         self.supervisor: Supervisor | None = None
         self.starting = asyncio.Lock()
         self.cgroup = ""
@@ -207,13 +204,18 @@ class LocalSandbox(Sandbox):
 
     async def read_file(self, path: str, *, limit: int = DEFAULT_READ_LIMIT) -> bytes:
         self._check_open()
-        if limit <= INLINE_IO:  # a thread handoff costs more CPU than a small read
-            return self.files.read(path, limit)
-        return await in_file_thread(self.files.read, path, limit)
+        fd = self.files.open_regular(path)
+        try:
+            small = os.fstat(fd).st_size <= INLINE_IO
+        except BaseException:
+            os.close(fd)
+            raise
+        if small or limit <= INLINE_IO:  # a thread handoff costs more CPU than a small read
+            return self.files.read_open(fd, path, limit)
+        return await in_file_thread(self.files.read_open, fd, path, limit)
 
     async def write_file(self, path: str, data: bytes) -> None:
         self._check_open()
-        self.files_written += 1
         if len(data) <= INLINE_IO:  # a thread handoff costs more CPU than a small write
             self.files.write(path, data)
         else:
@@ -228,21 +230,15 @@ class LocalSandbox(Sandbox):
         async with self.starting:  # a supervisor being started is stopped, not left behind
             if self.supervisor is not None:
                 await self.supervisor.stop()
-        if self.small_tree:  # a few files: removing them costs less than a thread handoff
-            shutil.rmtree(self.base, True)
-        else:  # the cgroups and the tree, off the loop
-            await asyncio.to_thread(self._remove)
+        # The cgroups and the tree in a worker thread: on a busy disk each directory's removal
+        # blocks for a millisecond or more, which the loop every session shares must not wait.
+        await asyncio.to_thread(self._remove)
 
     def _remove(self) -> None:
         cgroups = self.backend.cgroups if self.joins else None
         if cgroups:
             cgroups.release(self.cgroup)
         shutil.rmtree(self.base, True)
-
-    @property
-    def small_tree(self) -> bool:
-        """Without a command run, the tree holds only what ``write_file`` put there."""
-        return not self.ran_commands and self.files_written <= INLINE_REMOVE
 
 
 class LocalProcess(SandboxProcess):

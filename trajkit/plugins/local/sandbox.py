@@ -192,10 +192,22 @@ class LocalBackend(SandboxBackend):
             problem = self.confinement.check_cwd(cwd)
             if problem:
                 raise SandboxError(f"local sandbox: {problem}")
+        # Its directories are made in a worker thread: on a busy disk, making a directory or a
+        # file blocks for a millisecond or more, which the loop every session shares must not wait.
+        made = asyncio.ensure_future(asyncio.to_thread(self._make, spec.run_id, time.time() + spec.lifetime))
+        try:
+            base, workdir = await asyncio.shield(made)
+        except asyncio.CancelledError:  # the directories are still made: removed, not left behind
+            made.add_done_callback(_discard)
+            raise
+        return LocalSandbox(self, base, workdir, cwd)
+
+    def _make(self, run_id: str, deadline: float) -> tuple[str, str]:
+        """A sandbox's directory (with its owner file) and its working directory below it."""
         # Plain strings and os calls: at a thousand sessions in flight, pathlib's objects cost more
         # CPU than the system calls they wrap.
-        base = tempfile.mkdtemp(prefix=f"{spec.run_id}.", dir=self.root_text)
-        owner = {"owner": owner_tag(), "deadline": time.time() + spec.lifetime}
+        base = tempfile.mkdtemp(prefix=f"{run_id}.", dir=self.root_text)
+        owner = {"owner": owner_tag(), "deadline": deadline}
         with open(os.path.join(base, OWNER_FILE), "wb") as handle:
             handle.write(json.dumps(owner).encode())
         workdir = os.path.join(base, "w")
@@ -203,7 +215,7 @@ class LocalBackend(SandboxBackend):
         if self.isolated:
             bubblewrap.hand_over(base, self.host_user)  # the sandbox's user reaches its directory
             bubblewrap.hand_over(workdir, self.host_user)
-        return LocalSandbox(self, base, workdir, cwd)
+        return base, workdir
 
     async def reap(self, run_id: str | None = None) -> int:
         if run_id is None:
@@ -226,6 +238,12 @@ class LocalBackend(SandboxBackend):
     async def aclose(self) -> None:
         if isinstance(self._cgroups, local_cgroups.Cgroups):
             await asyncio.to_thread(self._cgroups.close)
+
+
+def _discard(made: asyncio.Future[tuple[str, str]]) -> None:
+    """Remove the directories of a sandbox whose creation was cancelled."""
+    if not made.cancelled() and made.exception() is None:
+        shutil.rmtree(made.result()[0], True)
 
 
 def _isolation(wanted: str, host_user: HostUser | None) -> bool:
