@@ -173,9 +173,15 @@ def test_another_sessions_files_are_out_of_reach(sandbox_root: Path) -> None:
         async with sandboxes(sandbox_root, count=2) as (first, second):
             await first.write_file("secret.txt", secret.encode())
             await first.exec("echo more > mine.txt", timeout=30)
+            running = await first.start_process(f"sleep 600 # {secret}")  # its request stays
+            assert first.supervisor is not None
+            control = first.supervisor.control
+            assert any(secret.encode() in path.read_bytes() for path in Path(control).glob("*.x"))
             tries = [
                 f"cat {first.workdir}/secret.txt {first.workdir}/mine.txt",
                 f"ls -a {sandbox_root} {first.base}",
+                f"ls -a {os.path.dirname(control)} {control} /dev/shm; cat {control}/*.x",
+                f"test -e {os.path.dirname(control)} && echo {ESCAPED}",
                 "umount /tmp; umount /var/tmp; umount /run/trajkit",
                 f"cat {first.workdir}/secret.txt",
                 f"grep -rs {secret} /tmp /var/tmp /run /work / --exclude-dir=proc --exclude-dir=usr "
@@ -184,6 +190,7 @@ def test_another_sessions_files_are_out_of_reach(sandbox_root: Path) -> None:
             for command in tries:
                 result = await attempt(second, f"{command} 2>&1")
                 assert secret not in result.stdout, (command, result.stdout[:500])
+            await running.kill()
 
     asyncio.run(main())
 

@@ -20,7 +20,13 @@ from pydantic import ValidationError
 from trajkit.plugins.local import bubblewrap
 from trajkit.plugins.local import command as local_command
 from trajkit.plugins.local.run import LocalSandbox
-from trajkit.plugins.local.sandbox import ACCOUNTS_DIR, LocalBackend, LocalSettings
+from trajkit.plugins.local.sandbox import (
+    ACCOUNTS_DIR,
+    CONTROL_PARENT,
+    CONTROL_PREFIX,
+    LocalBackend,
+    LocalSettings,
+)
 from trajkit.sandbox import Sandbox, SandboxError, SandboxSpec
 from trajkit.testing.engines import need_engine
 from trajkit.testing.sandbox_conformance import survivors
@@ -192,12 +198,15 @@ def test_kill_9_of_the_runner_leaves_no_process(sandbox_root: Path, isolation: s
     assert len(host_processes(marker, settle=0)) == 3
     runner.kill()
     runner.wait()
+    controls = list(Path(CONTROL_PARENT).glob(f"{CONTROL_PREFIX}{runner.pid}-*"))
+    assert len(controls) == (1 if isolation == "bwrap" else 0), "the sessions' control directories"
     if isolation == "none":  # nothing dies with the runner: the next run's reaper kills them
         asyncio.run(LocalBackend({"root": str(tmp_path), "isolation": "none"}).reap())
     assert host_processes(marker) == []
     asyncio.run(LocalBackend({"root": str(tmp_path), "isolation": isolation}).reap())
     assert [p.name for p in tmp_path.iterdir()] in ([], [ACCOUNTS_DIR])
     assert not any(f"trajkit-{runner.pid}-" in p for p in _cgroup_dirs())
+    assert not any(control.exists() for control in controls)
 
 
 def _cgroup_dirs() -> list[str]:

@@ -24,6 +24,7 @@ whoever runs trajkit:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -58,14 +59,17 @@ class Confinement:
         self,
         sandbox_root: str,
         *,
+        control_root: str = "",
         network: bool,
         read_only: Sequence[str] = (),
         host_user: HostUser | None = None,
         account_files: tuple[str, str] | None = None,
     ) -> None:
         """``account_files``: host files bound over ``/etc/passwd`` and ``/etc/group`` (the host's
-        own plus the sandbox's user), made by :func:`write_account_files`."""
+        own plus the sandbox's user), made by :func:`write_account_files`; ``control_root``: the
+        directory of the sessions' control directories, hidden as the sandbox root is."""
         self.sandbox_root = sandbox_root
+        self.control_root = control_root
         self.network = network
         self.read_only = [os.path.normpath(path) for path in read_only]
         self.host_user = host_user
@@ -112,8 +116,9 @@ class Confinement:
         for path in self.read_only:  # after the private directories, which may hold them
             argv += ["--ro-bind", path, path]
         # The other sessions' directories stay out of sight even below a mounted directory.
-        if any(_under(self.sandbox_root, d) for d in (*SYSTEM_DIRS, *self.read_only)):
-            argv += ["--tmpfs", self.sandbox_root]
+        for hidden in (self.sandbox_root, self.control_root):
+            if hidden and any(_under(hidden, d) for d in (*SYSTEM_DIRS, *self.read_only)):
+                argv += ["--tmpfs", hidden]
         for socket in listening_sockets((*SYSTEM_DIRS, *self.read_only)):  # no way to a host service
             argv += ["--ro-bind", "/dev/null", socket]
         return argv
@@ -205,11 +210,16 @@ def as_user(host_user: HostUser | None) -> tuple[list[str], dict[str, object]]:
     """
     if host_user is None:
         return [], {}
-    setpriv = shutil.which("setpriv")
+    setpriv = _setpriv()
     if setpriv:
         ids = ["--reuid", str(host_user.uid), "--regid", str(host_user.gid)]
         return [setpriv, *ids, "--clear-groups", "--"], {}
     return [], {"user": host_user.uid, "group": host_user.gid, "extra_groups": []}
+
+
+@functools.cache
+def _setpriv() -> str | None:
+    return shutil.which("setpriv")
 
 
 def hand_over(path: str, host_user: HostUser | None) -> None:

@@ -188,13 +188,13 @@ def reap_abandoned(prefix: str) -> int:
         with contextlib.suppress(OSError):
             for entry in os.scandir(os.path.join(hierarchy, path.lstrip("/"))):
                 pid = entry.name.removeprefix(prefix).partition("-")[0]
-                if entry.name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
+                if entry.name.startswith(prefix) and pid.isdigit() and not alive(int(pid)):
                     remove(entry.path)
                     removed += 1
     return removed
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

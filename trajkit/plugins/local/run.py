@@ -136,10 +136,7 @@ class LocalSandbox(Sandbox):
                 await self.supervisor.stop()
             confinement = self.backend.confinement
             assert confinement is not None
-            control = os.path.join(self.base, "c")
-            if not os.path.isdir(control):
-                os.mkdir(control, 0o700)
-                bubblewrap.hand_over(control, self.backend.host_user)
+            control = self.backend.control_dir(self.name)
             shell = "" if os.path.basename(self.backend.shell) == "bash" else self.backend.shell
             self.supervisor = Supervisor(
                 confinement.options(self.workdir, self.cwd, control, self.env),
@@ -238,6 +235,8 @@ class LocalSandbox(Sandbox):
         cgroups = self.backend.cgroups if self.joins else None
         if cgroups:
             cgroups.release(self.cgroup)
+        if self.supervisor is not None:
+            shutil.rmtree(self.supervisor.control, True)
         shutil.rmtree(self.base, True)
 
 

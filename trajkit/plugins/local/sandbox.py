@@ -15,6 +15,7 @@ Whatever the isolation, the file tools reach only the prompt's working directory
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -62,6 +63,12 @@ SANDBOX_NAME = re.compile(r"^.+\.[a-z0-9_]{8}$")
 ACCOUNTS_DIR = ".accounts"
 """In the sandbox root: the ``passwd`` and ``group`` files bound into every sandbox."""
 NOBODY = 65534
+CONTROL_PARENT = "/dev/shm"
+"""Where isolated sandboxes' control directories (a FIFO or two and a request file per command) live
+when it can hold them: on a memory file system they cost a fraction of what they do on a disk's."""
+CONTROL_PREFIX = "trajkit-control-"
+"""A backend's control directories are in one directory named CONTROL_PREFIX + its process's pid +
+a token of its own, removed with the backend, or by a later reaper once that process is gone."""
 
 
 @hookimpl
@@ -153,6 +160,7 @@ class LocalBackend(SandboxBackend):
                 )
         self.confinement: Confinement | None = None
         self.root_ready = False
+        self.control_root = ""
         self.cgroup_owner = f"{CGROUP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         self._cgroups: local_cgroups.Cgroups | str | None = None
 
@@ -173,8 +181,10 @@ class LocalBackend(SandboxBackend):
             accounts = os.path.join(self.root_text, ACCOUNTS_DIR)
             os.makedirs(accounts, mode=0o755, exist_ok=True)
             os.chmod(accounts, 0o755)
+            self.control_root = _control_root(self.root_text, traversable=self.host_user is not None)
             self.confinement = Confinement(
                 self.root_text,
+                control_root=self.control_root,
                 network=self.settings.network == "host",
                 read_only=self.settings.read_only,
                 host_user=self.host_user,
@@ -217,9 +227,18 @@ class LocalBackend(SandboxBackend):
             bubblewrap.hand_over(workdir, self.host_user)
         return base, workdir
 
+    def control_dir(self, name: str) -> str:
+        """The control directory of the sandbox ``name`` (made if missing), for its supervisor."""
+        path = os.path.join(self.control_root, name)
+        if not os.path.isdir(path):
+            os.mkdir(path, 0o700)
+            bubblewrap.hand_over(path, self.host_user)
+        return path
+
     async def reap(self, run_id: str | None = None) -> int:
         if run_id is None:
             await asyncio.to_thread(local_cgroups.reap_abandoned, CGROUP_PREFIX)
+            await asyncio.to_thread(_reap_control_roots, (CONTROL_PARENT, self.root_text))
         if not self.root.is_dir():
             return 0
         removed = 0
@@ -238,6 +257,8 @@ class LocalBackend(SandboxBackend):
     async def aclose(self) -> None:
         if isinstance(self._cgroups, local_cgroups.Cgroups):
             await asyncio.to_thread(self._cgroups.close)
+        if self.control_root:
+            await asyncio.to_thread(shutil.rmtree, self.control_root, True)
 
 
 def _discard(made: asyncio.Future[tuple[str, str]]) -> None:
@@ -274,6 +295,41 @@ def _private_root(root: str, *, traversable: bool) -> None:
         raise SandboxError(f"local sandbox: {root} is not a directory of this user's; set local.root")
     if stat.S_IMODE(info.st_mode) != mode:
         os.chmod(root, mode)
+
+
+def _control_root(sandbox_root: str, *, traversable: bool) -> str:
+    """A new directory of this backend's for its sandboxes' control directories: in
+    :data:`CONTROL_PARENT` where it can be made there, else in the sandbox root."""
+    prefix = f"{CONTROL_PREFIX}{os.getpid()}-"
+    try:
+        path = tempfile.mkdtemp(prefix=prefix, dir=CONTROL_PARENT)
+    except OSError:
+        path = tempfile.mkdtemp(prefix=prefix, dir=sandbox_root)
+    if traversable:  # the sandboxes' user reaches its own directory below it, by its name
+        os.chmod(path, 0o711)
+    return path
+
+
+def _reap_control_roots(parents: Sequence[str]) -> int:
+    """Remove this user's control directories of backends whose process no longer runs."""
+    removed = 0
+    for parent in parents:
+        with contextlib.suppress(OSError), os.scandir(parent) as entries:
+            for entry in entries:
+                pid = entry.name.removeprefix(CONTROL_PREFIX).partition("-")[0]
+                if (
+                    not entry.name.startswith(CONTROL_PREFIX)
+                    or not pid.isdigit()
+                    or local_cgroups.alive(int(pid))
+                ):
+                    continue
+                if (
+                    entry.is_dir(follow_symlinks=False)
+                    and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+                ):
+                    shutil.rmtree(entry.path, True)
+                    removed += 1
+    return removed
 
 
 def _blocked_ancestor(path: str, user: HostUser) -> str | None:

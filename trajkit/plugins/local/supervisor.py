@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from trajkit.plugins.local import bubblewrap
 from trajkit.plugins.local.bubblewrap import HostUser
@@ -165,6 +166,7 @@ class Supervisor:
         self.pid = 0
         """The supervisor's pid on the host."""
         self.requests = self.events = self.pidfd = -1
+        self.spawning: asyncio.Future[subprocess.Popen[bytes]] | None = None
 
     # -- life ------------------------------------------------------------------------------------
 
@@ -172,35 +174,17 @@ class Supervisor:
         """Start bubblewrap and the supervisor, in the session's cgroups. Raises SandboxError."""
         requests_read, self.requests = os.pipe()
         self.events, events_write = os.pipe()
-        options = os.memfd_create("bwrap-args", os.MFD_CLOEXEC)
+        # Started from a worker thread: the thread that starts a program waits until the child
+        # has loaded it (vfork), a millisecond or more on a busy machine, which the loop every
+        # session shares must not wait.
+        self.spawning = asyncio.ensure_future(asyncio.to_thread(self._spawn, requests_read, events_write))
         try:
-            # Options travel in a memory file, not on bubblewrap's command line.
-            script = ["--setenv", SCRIPT_VARIABLE, supervisor_script()]
-            os.write(options, b"\0".join(o.encode() for o in (*self.options, *script)) + b"\0")
-            os.lseek(options, 0, os.SEEK_SET)
-            prefix, user = bubblewrap.as_user(self.host_user)
-            argv = [
-                *prefix, "bwrap", "--args", str(options), "--", "bash", "--noprofile", "--norc", "-c",
-                f'eval "${SCRIPT_VARIABLE}"', "bash", bubblewrap.CONTROL_DIR, self.shell,
-            ]  # fmt: skip
-            self.proc = subprocess.Popen(  # type: ignore[call-overload]
-                argv,
-                stdin=requests_read,
-                stdout=events_write,
-                stderr=events_write,
-                pass_fds=(options,),
-                cwd="/",
-                env={"PATH": bubblewrap.PATH},
-                start_new_session=True,
-                **user,
-            )
+            self.proc = await asyncio.shield(self.spawning)
         except OSError as exc:
             os.close(self.requests)
             os.close(self.events)
+            self.requests = self.events = -1
             raise SandboxError(f"local sandbox: cannot start bubblewrap: {exc}") from exc
-        finally:
-            for fd in (requests_read, events_write, options):
-                os.close(fd)
         os.set_blocking(self.requests, False)
         os.set_blocking(self.events, False)
         self.loop.add_reader(self.events, self._on_events)
@@ -215,8 +199,45 @@ class Supervisor:
                 raise
             raise SandboxError(f"local sandbox: bubblewrap did not start in {START_TIMEOUT:g}s") from None
 
+    def _spawn(self, requests_read: int, events_write: int) -> subprocess.Popen[bytes]:
+        """bubblewrap with the supervisor in it, its options in a memory file (not on its command
+        line); the child's ends of the pipes are closed here."""
+        try:
+            options = os.memfd_create("bwrap-args", os.MFD_CLOEXEC)
+        except OSError:
+            os.close(requests_read)
+            os.close(events_write)
+            raise
+        try:
+            script = ["--setenv", SCRIPT_VARIABLE, supervisor_script()]
+            os.write(options, b"\0".join(o.encode() for o in (*self.options, *script)) + b"\0")
+            os.lseek(options, 0, os.SEEK_SET)
+            prefix, user = bubblewrap.as_user(self.host_user)
+            argv = [
+                *prefix, "bwrap", "--args", str(options), "--", "bash", "--noprofile", "--norc", "-c",
+                f'eval "${SCRIPT_VARIABLE}"', "bash", bubblewrap.CONTROL_DIR, self.shell,
+            ]  # fmt: skip
+            return subprocess.Popen(  # type: ignore[call-overload]
+                argv,
+                stdin=requests_read,
+                stdout=events_write,
+                stderr=events_write,
+                pass_fds=(options,),
+                cwd="/",
+                env={"PATH": bubblewrap.PATH},
+                start_new_session=True,
+                **user,
+            )
+        finally:
+            for fd in (requests_read, events_write, options):
+                os.close(fd)
+
     async def stop(self) -> None:
         """End the supervisor and everything in its namespaces; wait for bubblewrap to exit."""
+        if self.spawning is not None and not self.spawning.done():
+            await asyncio.wait([self.spawning])  # a start cut short: its process is ended below
+        if self.proc is None and self.spawning is not None and _outcome(self.spawning) is None:
+            self.proc = self.spawning.result()
         if self.requests >= 0:
             os.close(self.requests)  # the supervisor reads EOF and exits: the kernel kills the rest
             self.requests = -1
@@ -340,15 +361,33 @@ class Supervisor:
         self.garbage += len(line) + 1
 
     def _on_ready(self) -> None:
+        if not self.cgroup_joins:  # only the supervisor's pid to find: one read of /proc
+            try:
+                self._join()
+            except (OSError, ValueError, IndexError) as exc:
+                self._joined(exc)
+            else:
+                self._joined(None)
+            return
+        # Moving a process into a cgroup waits for the kernel's cgroup lock, milliseconds on a
+        # busy machine: in a worker thread, so the loop goes on meanwhile.
+        joining = asyncio.ensure_future(asyncio.to_thread(self._join))
+        joining.add_done_callback(lambda done: self._joined(_outcome(done)))
+
+    def _join(self) -> None:
+        """Find the supervisor (bubblewrap's child) and move it into the sandbox's cgroups."""
         assert self.proc is not None
-        try:
-            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as handle:
-                self.pid = int(handle.read().split()[0])
-            for join in self.cgroup_joins:  # before it starts anything: every job is in them
-                with open(join, "w") as handle:
-                    handle.write(str(self.pid))
-        except (OSError, ValueError, IndexError) as exc:
-            self.ready.set_exception(SandboxError(f"local sandbox: cannot limit its supervisor: {exc}"))
+        with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as handle:
+            self.pid = int(handle.read().split()[0])
+        for join in self.cgroup_joins:  # before it starts anything: every job is in them
+            with open(join, "w") as handle:
+                handle.write(str(self.pid))
+
+    def _joined(self, problem: BaseException | None) -> None:
+        if self.ready.done():  # it ended meanwhile
+            return
+        if problem is not None:
+            self.ready.set_exception(SandboxError(f"local sandbox: cannot limit its supervisor: {problem}"))
             return
         self.ready.set_result(None)
         if self.pending:
@@ -379,6 +418,13 @@ class Supervisor:
             job.exited(KILLED_STATUS)
         if self.pidfd < 0 and not self.ended.done():
             self.ended.set_result(None)
+
+
+def _outcome(future: asyncio.Future[Any]) -> BaseException | None:
+    """The exception a finished future holds (its cancellation's too), or None."""
+    if future.cancelled():
+        return asyncio.CancelledError()
+    return future.exception()
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
