@@ -4,6 +4,7 @@ a command's process and pipes are cleaned up however ``exec`` ends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -122,6 +123,42 @@ def test_cancelled_exec_kills_the_tree_and_leaves_no_descriptors(
         assert open_fds() == before
 
     in_sandbox(tmp_path, body)
+
+
+def test_a_session_cancelled_while_its_sandbox_starts_leaves_nothing(sandbox_root: Path) -> None:
+    """bubblewrap starts from a worker thread and joins its cgroups from another: a session cut
+    short at any point of that leaves no process and no descriptor behind."""
+    need_engine("bwrap", bubblewrap.works())
+
+    async def main() -> None:
+        backend = LocalBackend({"root": str(sandbox_root), "isolation": "bwrap"})
+        try:
+            warm = await backend.create(SandboxSpec(run_id="cancel-start", work_id="warm"))
+            await warm.exec("true", timeout=60)  # whatever the loop opens once
+            await warm.close()
+            before = open_fds()
+            for index, delay in enumerate((0, 0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3)):
+                sandbox = await backend.create(SandboxSpec(run_id="cancel-start", work_id=f"w{index}"))
+                task = asyncio.ensure_future(sandbox.exec("echo started", timeout=60))
+                await asyncio.sleep(delay)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                await sandbox.close()
+            assert open_fds() == before
+            assert _children() == []
+        finally:
+            await backend.aclose()
+
+    asyncio.run(main())
+
+
+def _children() -> list[str]:
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as handle:
+            found += handle.read().split()
+    return found
 
 
 def test_a_process_that_left_the_group_cannot_hold_exec(

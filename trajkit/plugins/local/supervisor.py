@@ -241,7 +241,10 @@ class Supervisor:
         if self.requests >= 0:
             os.close(self.requests)  # the supervisor reads EOF and exits: the kernel kills the rest
             self.requests = -1
-        if self.proc is None:
+        if self.proc is None:  # it never started
+            if self.events >= 0:
+                os.close(self.events)
+                self.events = -1
             return
         for pid in (self.pid, self.proc.pid):
             if pid:
