@@ -1,12 +1,15 @@
-"""Helpers for tests that drive the real ``trajkit`` CLI in a subprocess."""
+"""Helpers for tests that drive the real ``trajkit`` CLI (in this process, or in a subprocess)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
-import subprocess
+import subprocess as subprocess_
 import sys
 import textwrap
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +26,50 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def trajkit(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m trajkit ARGS`` and return the finished process (never raises on exit code)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "trajkit", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120, subprocess: bool = False
+) -> subprocess_.CompletedProcess[str]:
+    """Run ``trajkit ARGS`` and return what a finished process would (never raises on exit code).
+
+    In this process through click's ``CliRunner`` (``env`` set for the call, no API key of the
+    caller's environment, empty stdin), or with ``subprocess=True`` as ``python -m trajkit`` for
+    what only a process of its own shows: a signal or a kill, a fresh interpreter, plugins found
+    through ``PYTHONPATH`` (``plugin_env``), environment variables a library reads when imported
+    (``HF_*``). ``timeout`` bounds a subprocess only.
+    """
+    overrides: dict[str, str | None] = {k: None for k in os.environ if k.endswith("_API_KEY")}
+    overrides.update(env or {})
+    if subprocess:
+        full_env = {k: v for k, v in {**os.environ, **overrides}.items() if v is not None}
+        return subprocess_.run(
+            [sys.executable, "-m", "trajkit", *args],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=timeout,
+            stdin=subprocess_.DEVNULL,
+        )
+    read_at_import = [k for k in overrides if k == "PYTHONPATH" or k.startswith("HF_")]
+    if read_at_import:  # huggingface_hub reads HF_* once, when it is first imported
+        raise ValueError(f"{read_at_import} reach a fresh interpreter only: pass subprocess=True")
+    from click.testing import CliRunner
+
+    from trajkit.cli import cli
+
+    before = _process_state()
+    result = CliRunner().invoke(cli, list(args), env=overrides, prog_name="trajkit")
+    after = _process_state()
+    left = {kind: sorted(after[kind] - before[kind]) for kind in after if after[kind] - before[kind]}
+    assert not left, f"trajkit {' '.join(args[:1])} left behind in the process: {left}"
+    stderr = result.stderr
+    if (
+        result.exc_info is not None
+        and result.exception is not None
+        and not isinstance(result.exception, SystemExit)
+    ):
+        # What the interpreter would print for an uncaught exception.
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    return subprocess_.CompletedProcess(
+        ["trajkit", *args], result.exit_code, stdout=result.stdout, stderr=stderr
     )
 
 
@@ -76,3 +111,28 @@ def build_tokenizer(
         tokenizer.add_special_tokens({"additional_special_tokens": list(extra_special)})
     tokenizer.chat_template = template
     tokenizer.save_pretrained(str(directory))
+
+
+def _process_state() -> dict[str, set[str]]:
+    """What a command run in this process must leave as it found: threads, open files, the
+    environment, the working directory, logging handlers, the child watcher."""
+    import asyncio
+    import gc
+    import threading
+
+    gc.collect()  # what is only waiting for the collector is not left behind
+    fds = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            fds.add(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+    handlers = [*logging.getLogger().handlers, *logging.getLogger("trajkit").handlers]
+    return {
+        # The ledger's one fsync thread is the process's, made when first needed and kept.
+        "threads": {t.name for t in threading.enumerate() if not t.name.startswith("trajkit-fsync")},
+        "open files": fds,
+        "environment": {f"{key}={value}" for key, value in os.environ.items()},
+        "working directory": {os.getcwd()},
+        "logging handlers": {repr(handler) for handler in handlers},
+        "logging level": {logging.getLevelName(logging.getLogger("trajkit").level)},
+        "child watcher": {repr(getattr(asyncio.get_event_loop_policy(), "_watcher", None))},
+    }

@@ -72,7 +72,7 @@ def test_compress_with_a_model_from_the_local_hf_cache_only(tmp_path: Path) -> N
     out = tmp_path / "out.jsonl"
     done = trajkit(
         "compress", str(source), "--out", str(out), "--max_tokens", "100000", "--tokenizer", "acme/tiny",
-        "--quiet", env=env,
+        "--quiet", env=env, subprocess=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     [row] = read_jsonl(out)
@@ -83,12 +83,12 @@ def test_compress_with_a_model_from_the_local_hf_cache_only(tmp_path: Path) -> N
 
     missing = trajkit(
         "compress", str(source), "--out", str(tmp_path / "x.jsonl"), "--max_tokens", "100", "--tokenizer",
-        "acme/absent", env=env,
+        "acme/absent", env=env, subprocess=True,
     )  # fmt: skip
     assert missing.returncode == 2
     assert "'acme/absent' is neither a tokenizer file nor a model with a tokenizer.json" in missing.stderr
     bad = trajkit(
         "compress", str(source), "--out", str(tmp_path / "x.jsonl"), "--max_tokens", "100", "--tokenizer",
-        "acme/tiny", "--tokenizer_option", "turn_overhead=-1", env=env,
+        "acme/tiny", "--tokenizer_option", "turn_overhead=-1", env=env, subprocess=True,
     )  # fmt: skip
     assert "token counter 'hf' expects turn_overhead to be" in bad.stderr

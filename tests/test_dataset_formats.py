@@ -160,7 +160,14 @@ def test_a_hub_dataset_is_read_from_the_local_cache_only(tmp_path: Path) -> None
     out = tmp_path / "out"
     args = ["--prompt_field", "question", "--output_dir", str(out), "--quiet", "--no_filter", "partial"]
     result = trajkit(
-        "run", "--dataset_file", "hf://acme/questions:train", "--run_name", "hub", *args, env=env
+        "run",
+        "--dataset_file",
+        "hf://acme/questions:train",
+        "--run_name",
+        "hub",
+        *args,
+        env=env,
+        subprocess=True,
     )
     assert result.returncode == 0, result.stderr
     assert "Generating" not in result.stderr  # no progress bars of the datasets library
@@ -168,13 +175,19 @@ def test_a_hub_dataset_is_read_from_the_local_cache_only(tmp_path: Path) -> None
     assert [r["conversations"][1]["value"] for r in records] == [r["question"] for r in ROWS]
     assert [r["metadata"]["source"] for r in records] == ["a", "b", "a"]
 
-    both = trajkit("run", "--dataset_file", "hf://acme/questions", "--run_name", "both", *args, env=env)
+    both = trajkit(
+        "run", "--dataset_file", "hf://acme/questions", "--run_name", "both", *args, env=env, subprocess=True
+    )
     assert both.returncode == 2
     assert (
         "holds the splits test, train: name one, e.g. --dataset_file hf://acme/questions:test" in both.stderr
     )
-    missing = trajkit("run", "--dataset_file", "hf://acme/absent", "--run_name", "absent", *args, env=env)
+    missing = trajkit(
+        "run", "--dataset_file", "hf://acme/absent", "--run_name", "absent", *args, env=env, subprocess=True
+    )
     assert missing.returncode == 2
     assert "acme/absent is not in the local Hugging Face cache (nothing is downloaded)" in missing.stderr
-    malformed = trajkit("run", "--dataset_file", "hf://questions", "--run_name", "bad", *args, env=env)
+    malformed = trajkit(
+        "run", "--dataset_file", "hf://questions", "--run_name", "bad", *args, env=env, subprocess=True
+    )
     assert malformed.returncode == 2 and "expected hf://OWNER/NAME" in malformed.stderr

@@ -85,7 +85,7 @@ def vocabularies() -> list[Vocabulary]:
 
 
 def exercised(key: str, flag: str, tests: list[Vocabulary]) -> bool:
-    """A core or model client setting by its name or its flag's; a plugin's by ``NAME.KEY`` (its
+    """A core setting (or a model client's bare alias) by its name or its flag's; a plugin's by ``NAME.KEY`` (its
     flag or a ``--sandbox_option`` pair), or by its key in a module that names the plugin; an
     entry of a plugin's table by its key in a module that names the table."""
     parts = key.split(".")
@@ -112,10 +112,11 @@ def test_every_setting_is_documented_and_exercised() -> None:
     )
     tests = vocabularies()
     undocumented, unexercised = [], []
-    for group, key, flag, _variable, setting in every_setting(host):
+    for group, key, flag, _variable, setting, aliases in every_setting(host):
         if not (setting.description or "").strip():
             undocumented.append(f"{group}: {key}")
-        if not exercised(key, flag, tests):
+        bare = aliases is not None and exercised(aliases[0], aliases[1], tests)
+        if not (bare or exercised(key, flag, tests)):
             unexercised.append(f"{group}: {key}")
     assert not undocumented, f"settings without a description: {undocumented}"
     assert not unexercised, f"settings no test passes: {unexercised}"

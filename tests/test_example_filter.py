@@ -76,6 +76,7 @@ def run(tmp_path: Path, name: str, *flags: str, env: dict[str, str] | None = Non
             "run", "--dataset_file", str(dataset), "--run_name", name, "--output_dir", str(tmp_path / "data"),
             "--model", "test-model", "--base_url", server.base_url, "--quiet", *flags,
             env={**plugin_env(tmp_path / name / "site"), **(env or {})},
+            subprocess=True,
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return tmp_path / "data" / name
@@ -106,7 +107,7 @@ def test_the_minimum_is_a_setting_of_the_filter(tmp_path: Path) -> None:
     config.write_text('[filter_options.min_tool_calls]\nminimum = "few"\n')
     result = trajkit(
         "run", "--dataset_file", str(tmp_path / "prompts.jsonl"), "--run_name", "bad", "--config", str(config),
-        "--output_dir", str(tmp_path / "data"), env=plugin_env(tmp_path / "bad" / "site"),
+        "--output_dir", str(tmp_path / "data"), env=plugin_env(tmp_path / "bad" / "site"), subprocess=True,
     )  # fmt: skip
     assert result.returncode == 2
     assert (

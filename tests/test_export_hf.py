@@ -247,6 +247,7 @@ def test_push_to_hub_uploads_the_dataset_and_its_card(run_dir: Path, tmp_path: P
         result = trajkit(
             "export", str(run_dir), "--format", "hf", "--out", str(out), "--push_to_hub", "me/trajectories",
             env=hub_env(hub, tmp_path, "hf_standin_token"),
+            subprocess=True,
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "pushed to me/trajectories" in result.stderr
@@ -264,6 +265,7 @@ def test_push_to_hub_without_a_token_says_so_and_keeps_the_export(run_dir: Path,
         result = trajkit(
             "export", str(run_dir), "--format", "hf", "--out", str(out), "--push_to_hub", "me/trajectories",
             env={**hub_env(hub, tmp_path, None), "HF_TOKEN": ""},
+            subprocess=True,
         )  # fmt: skip
     assert result.returncode == 1
     assert "no Hugging Face token is configured" in result.stderr
@@ -299,6 +301,7 @@ def test_hf_export_without_datasets_names_the_package(run_dir: Path, tmp_path: P
         "--out",
         str(out),
         env={"PYTHONPATH": str(tmp_path / "site")},
+        subprocess=True,
     )
     assert result.returncode == 1
     assert "pip install 'datasets>=5'" in result.stderr
@@ -314,7 +317,8 @@ def test_push_to_hub_to_a_hub_that_cannot_be_reached_says_so_without_a_traceback
     out = tmp_path / "dataset"
     env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "hf_x"}
     result = trajkit(
-        "export", str(run_dir), "--format", "hf", "--out", str(out), "--push_to_hub", "me/trajectories", env=env
+        "export", str(run_dir), "--format", "hf", "--out", str(out), "--push_to_hub", "me/trajectories", env=env,
+        subprocess=True,
     )  # fmt: skip
     assert result.returncode == 1
     assert "Traceback" not in result.stderr, result.stderr[-2000:]

@@ -130,7 +130,8 @@ def test_a_hub_dataset_outside_the_cache_names_the_hf_command(tmp_path: Path) ->
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     dataset = "hf://nobody/nothing"
     result = trajkit(
-        "run", "--dataset_file", dataset, "--run_name", "r", "--output_dir", str(tmp_path), env=env
+        "run", "--dataset_file", dataset, "--run_name", "r", "--output_dir", str(tmp_path), env=env,
+        subprocess=True,
     )  # fmt: skip
     assert result.returncode == 2
     assert "hf download --repo-type dataset nobody/nothing" in result.stderr

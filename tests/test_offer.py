@@ -275,7 +275,7 @@ def run(tmp_path: Path, env: dict[str, str], *flags: str, rows: int = 12) -> tup
     dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"task {i}"} for i in range(rows)])
     result = trajkit(
         "run", "--dataset_file", str(dataset), "--run_name", "t", "--output_dir", str(tmp_path),
-        "--quiet", "--overwrite", *flags, env=env,
+        "--quiet", "--overwrite", *flags, env=env, subprocess=True,
     )  # fmt: skip
     return result.returncode, result.stderr
 
@@ -297,7 +297,7 @@ def test_a_run_draws_over_what_it_can_offer_and_remembers_it(tmp_path: Path, env
     dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"task {i}"} for i in range(24)])
     resumed = trajkit(
         "run", "--dataset_file", str(dataset), "--run_name", "t", "--output_dir", str(tmp_path), "--quiet",
-        "--resume", "--distribution", "gated_mix", "--lookup.endpoint", "http://x", env=env,
+        "--resume", "--distribution", "gated_mix", "--lookup.endpoint", "http://x", env=env, subprocess=True,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming with the toolsets drawn changed from" in resumed.stderr
@@ -330,7 +330,7 @@ def test_fixed_toolsets_for_every_prompt(tmp_path: Path, env: dict[str, str]) ->
 
 
 def test_the_distributions_command(tmp_path: Path, env: dict[str, str]) -> None:
-    shown = trajkit("distributions", env=env)
+    shown = trajkit("distributions", env=env, subprocess=True)
     assert shown.returncode == 0, shown.stderr
     text = shown.stdout
     block = text[text.index("gated_mix:") : text.index("\n", text.index("here:", text.index("gated_mix:")))]
@@ -347,11 +347,11 @@ def test_the_distributions_command(tmp_path: Path, env: dict[str, str]) -> None:
     assert "\n    lookup: no lookup endpoint: set --lookup.endpoint URL\n" in text
     config = tmp_path / "run.toml"
     config.write_text('[toolset_options.lookup]\nendpoint = "x"\n[distributions.mine]\nlookup = 0.5\n')
-    as_json = trajkit("distributions", "--config", str(config), "--json", env=env)
+    as_json = trajkit("distributions", "--config", str(config), "--json", env=env, subprocess=True)
     entries = {e["name"]: e for e in map(json.loads, as_json.stdout.splitlines())}
     assert entries["mine"]["offered_here"] == {"lookup": 1.0} and entries["mine"]["missing"] == {}
     assert entries["gated_mix"]["missing"] == {"browser": "no installed plugin provides it"}
-    listed = trajkit("run", "--list_distributions", "--websearch.provider", "p", env=env)
+    listed = trajkit("run", "--list_distributions", "--websearch.provider", "p", env=env, subprocess=True)
     assert "needs_search: file 50%, websearch 50%\n    files and search\n" in listed.stdout
     assert "websearch" not in listed.stdout.split("needs_search:")[1].split("\n")[2]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import plugin_env, read_jsonl, trajkit, write_jsonl
+from trajkit.testing.openai_server import OpenAITestServer
 
 ACME_PLUGIN = '''
     import json
@@ -103,7 +104,7 @@ def run_acme(tmp_path: Path, env: dict[str, str], name: str, *flags: str) -> tup
     dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "who are you"}])
     result = trajkit(
         "run", "--dataset_file", str(dataset), "--run_name", name, "--output_dir", str(tmp_path),
-        "--distribution", "terminal_only", "--quiet", *flags, env=env,
+        "--distribution", "terminal_only", "--quiet", *flags, env=env, subprocess=True,
     )  # fmt: skip
     if result.returncode != 0:
         return result.returncode, result.stderr, []
@@ -112,20 +113,30 @@ def run_acme(tmp_path: Path, env: dict[str, str], name: str, *flags: str) -> tup
 
 
 def test_plugin_settings_appear_in_help_and_the_listing(acme: dict[str, str]) -> None:
-    brief = trajkit("run", "--help", env=acme).stdout
-    assert "--greeting TEXT" in brief and "--vault.slots" not in brief  # the model client's are shown
-    assert "sandbox backend 'vault'" in brief.split("--help-all")[-1]  # the others named
-    help_text = trajkit("run", "--help-all", env=acme).stdout
+    brief = trajkit("run", "--help", env=acme, subprocess=True).stdout
+    # The model clients' bare spellings are shown; the plugins' own, --NAME.KEY, are named.
+    assert "--greeting TEXT" in brief and "--vault.slots" not in brief and "--acme.greeting" not in brief
+    named = " ".join(brief.split("--help-all")[-1].split())
+    assert "model client 'acme';" in named and "sandbox backend 'vault';" in named
+    help_text = trajkit("run", "--help-all", env=acme, subprocess=True).stdout
     client = help_text.index("model client 'acme':")
     backend = help_text.index("sandbox backend 'vault':")
-    assert "--greeting TEXT" in help_text[client:] and "What the model says when it is done." in help_text
-    assert "--depth INTEGER" in help_text[client:] and "[default: 2]" in help_text[client:]
+    assert (
+        "--acme.greeting TEXT" in help_text[client:] and "What the model says when it is done." in help_text
+    )
+    assert "--acme.depth INTEGER" in help_text[client:] and "[default: 2]" in help_text[client:]
     assert "--vault.slots INTEGER" in help_text[backend:] and "Sandboxes at once." in help_text
     assert "--vault.label TEXT" in help_text[backend:]
 
-    listing = [json.loads(line) for line in trajkit("settings", "--json", env=acme).stdout.splitlines()]
+    listing = [
+        json.loads(line)
+        for line in trajkit("settings", "--json", env=acme, subprocess=True).stdout.splitlines()
+    ]
     by_key = {entry["key"]: entry for entry in listing}
-    assert by_key["depth"]["group"] == "model client 'acme'" and by_key["depth"]["default"] == 2
+    depth = by_key["model_options.acme.depth"]
+    assert depth["group"] == "model client 'acme'" and depth["default"] == 2
+    assert (depth["flag"], depth["variable"]) == ("--acme.depth", "TRAJKIT_ACME_DEPTH")
+    assert depth["aliases"] == {"key": "depth", "flag": "--depth", "variable": "TRAJKIT_DEPTH"}
     assert by_key["sandbox_options.vault.slots"]["flag"] == "--vault.slots"
     assert by_key["sandbox_options.vault.label"]["description"] == "Printed by every command."
 
@@ -197,7 +208,7 @@ def test_core_settings_reach_the_sessions_of_a_plugin(tmp_path: Path, acme: dict
         "run", "--dataset_file", str(dataset), "--run_name", "core", "--output_dir", str(tmp_path),
         "--distribution", "terminal_only", "--model", "acme", "--sandbox", "vault", "--image_backend", "vault",
         "--sandbox_lifetime", "77", "--tool_output_cap", "300", "--system_prompt", "Be brief.",
-        "--verbose", "--log_prefix_chars", "8", "--max_attempts", "1", env=acme,
+        "--verbose", "--log_prefix_chars", "8", "--max_attempts", "1", env=acme, subprocess=True,
     )  # fmt: skip
     assert result.returncode == 1, result.stderr  # the [fail] prompt failed
     [record] = read_jsonl(tmp_path / "core" / "trajectories.jsonl")
@@ -236,13 +247,15 @@ CLASHING_PLUGIN = '''
 
 def test_two_plugins_claiming_one_flag_is_a_usage_error_naming_both(tmp_path: Path) -> None:
     env = plugin_env(tmp_path, "clash", CLASHING_PLUGIN)
-    result = trajkit("run", "--help", env=env)
+    result = trajkit("run", "--help", env=env, subprocess=True)
     assert result.returncode == 2
     assert (
         "the flag --local.isolation is claimed by sandbox backend 'local' and by filter 'local'"
         in result.stderr
     )
-    assert trajkit("status", "--help", env=env).returncode == 0  # other commands are not held up
+    assert (
+        trajkit("status", "--help", env=env, subprocess=True).returncode == 0
+    )  # other commands are not held up
 
 
 def test_plugin_and_core_settings_from_the_environment_sit_between_flags_and_the_file(
@@ -265,9 +278,74 @@ def test_plugin_and_core_settings_from_the_environment_sit_between_flags_and_the
     assert code == 2
     assert "$TRAJKIT_VAULT_SLOTS=none: sandbox backend 'vault' expects slots to be int >= 1" in stderr
 
-    listing = [json.loads(line) for line in trajkit("settings", "--json", env=acme).stdout.splitlines()]
+    listing = [
+        json.loads(line)
+        for line in trajkit("settings", "--json", env=acme, subprocess=True).stdout.splitlines()
+    ]
     by_key = {entry["key"]: entry["variable"] for entry in listing}
-    assert by_key["depth"] == "TRAJKIT_DEPTH" and by_key["max_turns"] == "TRAJKIT_MAX_TURNS"
+    assert by_key["model_options.acme.depth"] == "TRAJKIT_ACME_DEPTH"
+    assert by_key["max_turns"] == "TRAJKIT_MAX_TURNS"
     assert by_key["sandbox_options.vault.slots"] == "TRAJKIT_VAULT_SLOTS"
     variables = [name for name in by_key.values() if name]
     assert len(variables) == len(set(variables)), "two settings read one variable"
+
+
+# One model client setting, KEY of the client NAME, given each way a setting can be given: by
+# the plugin's own spelling (as every plugin's) and by the bare one (as the reference runner's).
+SPELLINGS = {
+    "--NAME.KEY": lambda name, key: ([f"--{name}.{key}", "3"], {}, ""),
+    "--KEY": lambda name, key: ([f"--{key}", "3"], {}, ""),
+    "$TRAJKIT_NAME_KEY": lambda name, key: ([], {f"TRAJKIT_{name}_{key}".upper(): "3"}, ""),
+    "$TRAJKIT_KEY": lambda name, key: ([], {f"TRAJKIT_{key}".upper(): "3"}, ""),
+    "[model_options.NAME] KEY": lambda name, key: ([], {}, f"[model_options.{name}]\n{key} = 3\n"),
+    "KEY in the file": lambda name, key: ([], {}, f"{key} = 3\n"),
+}
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_a_third_party_model_client_is_configured_like_the_built_in(
+    tmp_path: Path, acme: dict[str, str], spelling: str
+) -> None:
+    flags, env, toml = SPELLINGS[spelling]("acme", "depth")
+    config = tmp_path / "acme.toml"
+    config.write_text('model = "acme"\n' + toml)
+    code, stderr, answers = run_acme(tmp_path, {**acme, **env}, "acme", "--config", str(config), *flags)
+    assert code == 0, stderr
+    assert len(answers) == 1 and answers[0].startswith("hello hello hello / ")
+    assert json.loads((tmp_path / "acme" / "run.json").read_text())["config"]["depth"] == 3
+
+    flags, env, toml = SPELLINGS[spelling]("openai", "max_retries")
+    config = tmp_path / "openai.toml"
+    config.write_text(toml)
+    assert built_in_setting(tmp_path / "openai", config, flags, env, "max_retries") == 3
+
+
+def built_in_setting(out: Path, config: Path, flags: list[str], env: dict[str, str], key: str) -> object:
+    """The value of the OpenAI client's setting ``key`` a run with these settings saved."""
+    dataset = write_jsonl(out.parent / "d.jsonl", [{"prompt": "say hi"}])
+    with OpenAITestServer(lambda _body: {"content": "hi"}) as server:
+        result = trajkit(
+            "run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(out),
+            "--model", "m", "--base_url", server.base_url, "--distribution", "terminal_only",
+            "--quiet", "--overwrite", "--config", str(config), *flags, env=env,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return json.loads((out / "r" / "run.json").read_text())["config"][key]
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "flags", "expected"),
+    [
+        ("max_retries = 1\n[model_options.openai]\nmax_retries = 2\n", {}, [], 2),
+        ("[model_options.openai]\nmax_retries = 2\n", {"TRAJKIT_MAX_RETRIES": "3"}, [], 3),
+        ("", {"TRAJKIT_MAX_RETRIES": "3", "TRAJKIT_OPENAI_MAX_RETRIES": "4"}, [], 4),
+        ("", {"TRAJKIT_OPENAI_MAX_RETRIES": "4"}, ["--max_retries", "5"], 5),
+        ("", {}, ["--openai.max_retries", "6", "--max_retries", "5"], 6),
+    ],
+)
+def test_a_client_s_own_spelling_wins_in_its_place_and_flags_over_environment_over_file(
+    tmp_path: Path, toml: str, env: dict[str, str], flags: list[str], expected: int
+) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(toml)
+    assert built_in_setting(tmp_path / "out", config, flags, env, "max_retries") == expected

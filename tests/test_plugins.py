@@ -56,7 +56,7 @@ def test_an_installed_plugin_package_filters_a_real_run(tmp_path: Path) -> None:
     env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "peel a banana"}, {"prompt": "peel an orange"}])
 
-    listing = trajkit("plugins", env=env)
+    listing = trajkit("plugins", env=env, subprocess=True)
     assert listing.returncode == 0, listing.stderr
     assert "bananas  [trajkit-bananas 0.3]" in listing.stdout
     assert "filters: no_bananas" in listing.stdout
@@ -66,7 +66,15 @@ def test_an_installed_plugin_package_filters_a_real_run(tmp_path: Path) -> None:
     )
 
     result = trajkit(
-        "run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(tmp_path), env=env
+        "run",
+        "--dataset_file",
+        str(dataset),
+        "--run_name",
+        "r",
+        "--output_dir",
+        str(tmp_path),
+        env=env,
+        subprocess=True,
     )
     assert result.returncode == 0, result.stderr
     assert "trajkit-broken" in result.stderr
@@ -74,10 +82,10 @@ def test_an_installed_plugin_package_filters_a_real_run(tmp_path: Path) -> None:
     assert [(r["prompt_index"], r["reason"]) for r in rejected] == [(0, "no_bananas: mentions bananas")]
     assert [r["prompt_index"] for r in read_jsonl(tmp_path / "r" / "trajectories.jsonl")] == [1]
 
-    command = trajkit("bananas", env=env)
+    command = trajkit("bananas", env=env, subprocess=True)
     assert command.returncode == 0 and command.stdout == "bananas are filtered\n"
 
-    blocked = trajkit("plugins", env={**env, "TRAJKIT_DISABLE_PLUGINS": "bananas"})
+    blocked = trajkit("plugins", env={**env, "TRAJKIT_DISABLE_PLUGINS": "bananas"}, subprocess=True)
     assert "trajkit-bananas" not in blocked.stdout
 
 

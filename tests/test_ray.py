@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -37,6 +38,16 @@ RAY_MISSING = (
     else "ray or trajkit-ray is not installed (pip install -e ./trajkit_ray)"
 )
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def ray_driver(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``trajkit ARGS`` in a process of its own: a run with the Ray executor is a Ray driver, and
+    Ray keeps process-wide state after ``ray.shutdown()`` (its log files open, PYTHONBREAKPOINT set)."""
+    return trajkit(*args, env=env, timeout=timeout, subprocess=True)
+
+
 FAST_NODE_DEATH = {
     # A killed node is noticed in about a second instead of 13 or 14 (REFERENCE §G).
     "health_check_initial_delay_ms": 0,
@@ -97,7 +108,7 @@ def test_a_worker_node_killed_mid_run_loses_nothing_and_runs_nothing_twice(
     with server:
         killer = threading.Thread(target=kill_a_node_midway, daemon=True)
         killer.start()
-        result = trajkit(
+        result = ray_driver(
             "run", "--dataset_file", str(dataset), "--run_name", "r", "--output_dir", str(tmp_path),
             "--model", "m", "--base_url", server.base_url, "--quiet",
             "--executor", "ray", "--ray_address", head.address, "--ray.actors_per_node", "1",
@@ -149,7 +160,9 @@ def test_without_an_address_the_run_starts_a_ray_of_its_own_and_holds_to_max_cos
             "run", "--dataset_file", str(dataset), "--run_name", "local", "--output_dir", str(tmp_path),
             "--model", "m", "--base_url", server.base_url, "--quiet", "--num_workers", "4",
         ]  # fmt: skip
-        result = trajkit(*args, "--executor", "ray", "--ray.local_cpus", "1", "--max_cost", "1", env=RAY_ENV)
+        result = ray_driver(
+            *args, "--executor", "ray", "--ray.local_cpus", "1", "--max_cost", "1", env=RAY_ENV
+        )
         assert result.returncode == 1, result.stderr[-4000:]
         assert "--max_cost 1 reached" in result.stderr
         statistics = json.loads((tmp_path / "local" / "statistics.json").read_text())
@@ -162,7 +175,7 @@ def test_without_an_address_the_run_starts_a_ray_of_its_own_and_holds_to_max_cos
 
         # the rest with the local executor (a change of the run's settings, allowed): every row once
         more = ["--executor", "local", "--allow_change", "executor", "--max_cost", "1000"]
-        result = trajkit(*args, "--resume", *more, env=RAY_ENV)
+        result = ray_driver(*args, "--resume", *more, env=RAY_ENV)
     assert result.returncode == 0, result.stderr[-4000:]
     trajectories = read_jsonl(tmp_path / "local" / "trajectories.jsonl")
     assert [t["prompt_index"] for t in trajectories] == list(range(rows))
@@ -230,7 +243,7 @@ def test_container_rows_run_in_docker_on_the_actor_s_node(tmp_path: Path, ray_en
         rows.append({"prompt": f"container task {i}", "image": BUSYBOX, "cwd": "/srv/app"})
     dataset = write_jsonl(tmp_path / "p.jsonl", rows)
     with OpenAITestServer(dialect_policy) as server:
-        result = trajkit(
+        result = ray_driver(
             "run", "--dataset_file", str(dataset), "--run_name", run_name, "--output_dir", str(tmp_path),
             "--model", "m", "--base_url", server.base_url, "--distribution", "terminal_only", "--quiet",
             "--num_workers", "4", "--sandbox_option", "docker.pull=never",

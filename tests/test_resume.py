@@ -130,11 +130,11 @@ def test_sigkill_at_many_moments_then_resume_gives_exactly_one_per_row(
                 killed = run_killed_after(float(point["TIMED_KILL"]), run_args(path, out, server), env)
                 assert killed
             else:
-                first = trajkit(*run_args(path, out, server, *writers), env=env)
+                first = trajkit(*run_args(path, out, server, *writers), env=env, subprocess=True)
                 assert first.returncode == -signal.SIGKILL, (point, first.stderr)
             if "TORN_WRITE" in point:
                 tear_last_ledger_line(out / "r")
-            resumed = trajkit(*run_args(path, out, server, "--resume"), env=killer_env)
+            resumed = trajkit(*run_args(path, out, server, "--resume"), env=killer_env, subprocess=True)
             assert resumed.returncode == 0, (point, resumed.stderr)
             assert_exactly_once(out / "r", dataset)
             # A prompt is only started again if it was in flight when the process died.

@@ -83,9 +83,11 @@ def test_samples_per_prompt_killed_and_resumed_gives_exactly_n_per_row(
             )
         else:
             writers = ["--writer", "sharegpt", "--writer", "dying"] if "KILL_IN_MERGE_AT" in point else []
-            first = trajkit(*run_args(path, out, server, *samples, *writers), env={**killer_env, **point})
+            first = trajkit(
+                *run_args(path, out, server, *samples, *writers), env={**killer_env, **point}, subprocess=True
+            )
             assert first.returncode == -signal.SIGKILL, first.stderr
-        resumed = trajkit(*run_args(path, out, server, *samples, "--resume"), env=killer_env)
+        resumed = trajkit(*run_args(path, out, server, *samples, "--resume"), env=killer_env, subprocess=True)
         assert resumed.returncode == 0, resumed.stderr
         assert_samples_per_row(out / "r", dataset, SAMPLES)
         # only what was in flight when the process died ran twice

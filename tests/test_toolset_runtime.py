@@ -113,7 +113,7 @@ def run_tally(tmp_path: Path, env: dict[str, str], *flags: str) -> tuple[int, st
     result = trajkit(
         "run", "--dataset_file", str(dataset), "--run_name", "t", "--output_dir", str(tmp_path),
         "--model", "tallier", "--distribution", "tally_only", "--num_workers", "1", "--quiet", *flags,
-        env=env,
+        env=env, subprocess=True,
     )  # fmt: skip
     return result.returncode, result.stderr
 

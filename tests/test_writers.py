@@ -371,7 +371,7 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path: Path) -> None:
     dataset = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "hello"}])
     result = trajkit(
         "run", "--dataset_file", str(dataset), "--run_name", "p", "--output_dir", str(tmp_path / "data"),
-        "--writer", "parquet", env={"PYTHONPATH": str(tmp_path / "site")},
+        "--writer", "parquet", env={"PYTHONPATH": str(tmp_path / "site")}, subprocess=True,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert "pip install 'trajkit[parquet]'" in result.stderr
@@ -381,7 +381,12 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path: Path) -> None:
     finished.mkdir()
     (finished / "trajectories.jsonl").write_text("")
     result = trajkit(
-        "export", str(finished), "--format", "parquet", env={"PYTHONPATH": str(tmp_path / "site")}
+        "export",
+        str(finished),
+        "--format",
+        "parquet",
+        env={"PYTHONPATH": str(tmp_path / "site")},
+        subprocess=True,
     )
     assert result.returncode == 1
     assert "pip install 'trajkit[parquet]'" in result.stderr

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +54,12 @@ def load_host(ctx: click.Context) -> PluginHost:
 
 
 class TrajkitGroup(click.Group):
-    """Loads plugins before parsing, so plugins can add commands."""
+    """Loads plugins before parsing, so plugins can add commands.
+
+    The commands plugins add go to a copy of the group made for the invocation: the next
+    invocation in the same process (a library caller's, a test's) sees the plugins installed then,
+    not these.
+    """
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -61,20 +67,45 @@ class TrajkitGroup(click.Group):
         except PluginError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
-        host.register_commands(self)
+        invocation = copy.copy(self)
+        invocation.commands = dict(self.commands)
+        host.register_commands(invocation)
         kwargs.setdefault("obj", host)
-        return super().main(*args, **kwargs)
+        return super(TrajkitGroup, invocation).main(*args, **kwargs)
+
+
+class CurrentStderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes, not what it was when made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
 
 
 @click.group(cls=TrajkitGroup)
 @click.version_option(__version__, prog_name="trajkit")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Turn a JSONL file of prompts into tool-calling agent trajectories for training."""
-    # Our own progress at INFO; libraries (the HTTP clients log every request at INFO) only warnings.
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
-    )
+    # Our own progress at INFO; libraries (the HTTP clients log every request at INFO) only warnings,
+    # on stderr for as long as the command runs (the logging of a process that called it is its own).
+    root = logging.getLogger()
+    handler, level = CurrentStderr(), log.level
+    root.addHandler(handler)
     log.setLevel(logging.INFO)
+
+    @ctx.call_on_close
+    def restore() -> None:
+        root.removeHandler(handler)
+        log.setLevel(level)
 
 
 @cli.command(cls=PluginCommand, plugin_params=lambda host, _command: run_params(host))
@@ -88,11 +119,17 @@ def run(ctx: click.Context, **flags: Any) -> None:
     """
     host = load_host(ctx)
     listing = flags.pop("list_distributions")
-    if ctx.get_parameter_source("api_key") is ParameterSource.COMMANDLINE:
-        log.warning(
-            "--api_key: the key is visible to every process of this machine; "
-            "prefer the environment or --api_key_file"
-        )
+    for param in ctx.command.get_params(ctx):  # --api_key, --openai.api_key, a third party's
+        name = param.name or ""
+        if (
+            name.rpartition("__")[2] == "api_key"
+            and ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+        ):
+            log.warning(
+                "%s: the key is visible to every process of this machine; "
+                "prefer the environment or --api_key_file",
+                param.opts[0],
+            )
     resume_dir = flags.pop("resume_dir")
     given, places = read_given(ctx, flags)
     if listing:  # with this command's settings: a toolset's problem depends on them
@@ -198,12 +235,12 @@ def run_and_report(config: RunConfig, host: PluginHost) -> int:
     from trajkit.run.settings import resume_command
     from trajkit.tools import ToolsetError
 
-    _wait_for_children_in_the_loop()
     _raise_open_file_limit()
     runner: Runner | None = None
     try:
         runner = Runner(config, host)
-        outcome = asyncio.run(runner.run())
+        with _children_waited_in_the_loop():
+            outcome = asyncio.run(runner.run())
     except (RunError, PluginError, ModelConfigError, DatasetError, ToolsetError) as exc:
         click.echo(f"error: {exc}", err=True)
         return EXIT_USAGE
@@ -266,16 +303,26 @@ def finish_hint(runner: Any, stats: dict[str, Any]) -> str:
     return "\n".join([*lines, f"to finish: {runner.resume_command(*extra)}"])
 
 
-def _wait_for_children_in_the_loop() -> None:
+@contextlib.contextmanager
+def _children_waited_in_the_loop() -> Iterator[None]:
     """Before Python 3.12, asyncio waits for each child process in a thread of its own; a pidfd
-    watcher waits in the event loop instead, a third less CPU per command (BENCHMARKS.md)."""
+    watcher waits in the event loop instead, a third less CPU per command (BENCHMARKS.md). The
+    watcher belongs to the process's event loop policy: the one before is put back after."""
     if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return  # 3.12 chooses pidfd by itself
+        yield  # 3.12 chooses pidfd by itself
+        return
     try:
         os.close(os.pidfd_open(os.getpid()))
     except OSError:
+        yield
         return
+    # None when none was asked for yet: asyncio makes its default when one is.
+    before = getattr(asyncio.get_event_loop_policy(), "_watcher", None)
     asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
+    try:
+        yield
+    finally:
+        asyncio.set_child_watcher(before)  # type: ignore[arg-type]  # None: the default again
 
 
 def _raise_open_file_limit() -> None:
@@ -420,7 +467,7 @@ def settings(ctx: click.Context, as_json: bool, markdown: bool) -> None:
         click.echo(settings_page(load_host(ctx)), nl=False)
         return
     group = None
-    for title, key, flag, env, field in every_setting(load_host(ctx)):
+    for title, key, flag, env, field, aliases in every_setting(load_host(ctx)):
         default = None if field.is_required() else field.get_default(call_default_factory=True)
         if as_json:
             kind = field_type(field)
@@ -432,6 +479,8 @@ def settings(ctx: click.Context, as_json: bool, markdown: bool) -> None:
                 "type": kind,
                 "default": default,
             }
+            if aliases:
+                entry["aliases"] = dict(zip(("key", "flag", "variable"), aliases, strict=True))
             click.echo(json.dumps({**entry, "description": field.description or ""}, default=str))
             continue
         if title != group:
@@ -440,6 +489,9 @@ def settings(ctx: click.Context, as_json: bool, markdown: bool) -> None:
         click.echo(f"  {key} = {json.dumps(default, default=str)}")
         where = f"; {flag}; ${env}" if flag else "; configuration file only"
         click.echo(f"      {field_type(field)}{where}")
+        if aliases:
+            bare_key, bare_flag, bare_env = aliases
+            click.echo(f"      also: {bare_key}" + (f"; {bare_flag}; ${bare_env}" if bare_flag else ""))
         if field.description:
             click.echo(f"      {' '.join(field.description.split())}")
 

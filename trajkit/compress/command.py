@@ -92,8 +92,8 @@ def client_params(host: PluginHost, command: click.Command) -> list[click.Parame
     """The summary model client's settings as flags, but for names the command uses itself
     (``--max_tokens`` is the budget here)."""
     own = {opt for param in command.params for opt in param.opts}
-    flat = [concern for concern in CONCERNS if concern.flat]
-    return [param for param in plugin_options(host, flat) if not own & set(param.opts)]
+    clients = [concern for concern in CONCERNS if concern.bare_aliases]
+    return [param for param in plugin_options(host, clients) if not own & set(param.opts)]
 
 
 def _list(host: PluginHost) -> None:

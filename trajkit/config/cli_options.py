@@ -48,10 +48,13 @@ class SettingOption(click.Option):
         pairs: bool = False,
         field: tuple[type[BaseModel], str] | None = None,
         plugin: bool = False,
+        alias_of: tuple[Target, ...] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.group = group
+        self.alias_of = alias_of
+        """A bare alias: the settings it gives its value to (each model client's ``KEY``)."""
         self.plugin = plugin
         """A plugin's setting: ``--help`` names its group, ``--help-all`` lists it."""
         self.target = target
@@ -82,7 +85,9 @@ class GroupedCommand(click.Command):
     flags ``--help-all`` lists, one group per plugin."""
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
-        params = super().get_params(ctx)
+        params = [*self.params, *self.added_params(ctx)]
+        help_option = self.get_help_option(ctx)
+        params += [help_option] if help_option is not None else []
         if any(getattr(p, "plugin", False) for p in params):
             show_all = click.Option(
                 ["--help-all"], is_flag=True, expose_value=False, is_eager=True, callback=_help_all,
@@ -90,6 +95,10 @@ class GroupedCommand(click.Command):
             )  # fmt: skip
             params = [*params, show_all]
         return params
+
+    def added_params(self, ctx: click.Context) -> list[click.Parameter]:
+        """Flags made for this invocation, after the command's own."""
+        return []
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         groups: dict[str, list[tuple[str, str]]] = {}
@@ -110,8 +119,9 @@ class GroupedCommand(click.Command):
 
 
 class PluginCommand(GroupedCommand):
-    """A command with flags from the installed plugins' settings, added when it is first asked
-    for (``plugin_params(host, command)``; the host is the root context's object)."""
+    """A command with flags from the installed plugins' settings (``plugin_params(host, command)``;
+    the host is the root context's object), made once per invocation: the command object is
+    shared by every invocation in a process, and each may see other plugins."""
 
     def __init__(
         self,
@@ -121,18 +131,18 @@ class PluginCommand(GroupedCommand):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.plugin_params = plugin_params
-        self.added = False
 
-    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
-        if not self.added:
+    def added_params(self, ctx: click.Context) -> list[click.Parameter]:
+        key = f"trajkit.plugin_params.{id(self)}"
+        if key not in ctx.meta:  # one meta for the whole invocation, from the root context down
             from trajkit.manager import PluginError
 
-            self.added = True
             try:
-                self.params.extend(self.plugin_params(ctx.find_root().obj, self))
+                ctx.meta[key] = self.plugin_params(ctx.find_root().obj, self)
             except PluginError as exc:  # two plugins claim one flag
                 raise click.UsageError(str(exc)) from None
-        return super().get_params(ctx)
+        params: list[click.Parameter] = ctx.meta[key]
+        return params
 
 
 ENV_PREFIX = "TRAJKIT_"
@@ -232,37 +242,60 @@ def model_options(
     return options
 
 
-def plugin_flag(concern: Concern, name: str, key: str, field: FieldInfo) -> str:
-    """A plugin setting's flag: ``--KEY`` for a model client's, ``--NAME.KEY`` for the others', or
-    the name its field gives (``json_schema_extra={"flag": "ray_address"}``)."""
+def plugin_flag(name: str, key: str, field: FieldInfo) -> str:
+    """A plugin setting's flag: ``--NAME.KEY``, or the name its field gives
+    (``json_schema_extra={"flag": "ray_address"}``)."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-    return str(extra.get("flag") or (key if concern.flat else f"{name}.{key}"))
+    return str(extra.get("flag") or f"{name}.{key}")
+
+
+def bare_aliases(host: PluginHost, concern: Concern) -> dict[str, list[tuple[str, Any]]]:
+    """A concern's bare keys (``max_retries``) -> the plugins declaring each: (name, class)."""
+    aliases: dict[str, list[tuple[str, Any]]] = {}
+    if concern.bare_aliases:
+        for name, cls in sorted(plugin_classes(host, concern).items()):
+            for key in cls.Settings.model_fields:
+                aliases.setdefault(key, []).append((name, cls))
+    return aliases
 
 
 def plugin_options(host: PluginHost, concerns: Iterable[Concern] = CONCERNS) -> list[click.Parameter]:
-    """The flags of every installed plugin's settings, grouped per plugin, and per concern a
-    generic ``--sandbox_option NAME.KEY=VALUE``."""
+    """The flags of every installed plugin's settings, grouped per plugin, a concern's bare aliases
+    (``--max_retries`` for every model client declaring it), and per concern a generic
+    ``--sandbox_option NAME.KEY=VALUE``."""
     from trajkit.config.run_config import RunConfig
     from trajkit.manager import PluginError
 
     options: list[click.Parameter] = []
     owners: dict[str, str] = {f: "the core" for f in RunConfig.model_fields}
+
+    def claim(flag: str, group: str) -> None:
+        if flag in owners:
+            raise PluginError(f"the flag --{flag} is claimed by {owners[flag]} and by {group}")
+        owners[flag] = group
+
     for concern in concerns:
         for name, cls in sorted(plugin_classes(host, concern).items()):
             group = f"{concern.title} {name!r}"
             for key, field in cls.Settings.model_fields.items():
-                flag = plugin_flag(concern, name, key, field)
-                target = (key,) if concern.flat else (concern.section, name, key)
-                if flag in owners:
-                    if concern.flat and owners[flag].startswith("model client"):
-                        continue  # two clients with a setting of one name share its flag
-                    raise PluginError(f"the flag --{flag} is claimed by {owners[flag]} and by {group}")
-                owners[flag] = group
+                flag = plugin_flag(name, key, field)
+                claim(flag, group)
+                target = (concern.section, name, key)
                 option = field_option(key, field, group=group, target=target, flag=flag, model=cls.Settings)
                 if option is not None:
-                    option.plugin = not concern.flat  # the run's one model client's are shown
+                    option.plugin = True
                     options.append(option)
-        if not concern.flat:
+        group = f"Every {concern.title} (the bare spelling of --NAME.KEY)"
+        for key, declared in bare_aliases(host, concern).items():
+            claim(key, f"{concern.title} {declared[0][0]!r}")
+            model = declared[0][1].Settings
+            option = field_option(
+                key, model.model_fields[key], group=group, target=(key,), flag=key, model=model
+            )
+            if option is not None:
+                option.alias_of = tuple((concern.section, name, key) for name, _ in declared)
+                options.append(option)
+        if not concern.bare_aliases:
             options.append(
                 SettingOption(
                     [*spellings(concern.option_flag), concern.option_flag],
@@ -284,14 +317,18 @@ def given_settings(
     given: dict[str, Any] = {}
     places: dict[str, str] = {}
     _merge(given, places, from_file, lambda key: f"{config_path}: {key}")
-    params = {p.name: p for p in ctx.command.params if isinstance(p, SettingOption)}
+    params = {p.name: p for p in ctx.command.get_params(ctx) if isinstance(p, SettingOption)}
+    chosen = []
     for dest, value in flags.items():
         param = params.get(dest)
         if param is None or not param.target or value is None:
             continue  # a command's own flag (--config ...), or a setting not given
         source = ctx.get_parameter_source(dest)
-        if source is ParameterSource.DEFAULT:
-            continue
+        if source is not ParameterSource.DEFAULT:
+            chosen.append((source is not ParameterSource.ENVIRONMENT, not param.alias_of, param, value))
+    # The environment first, then the flags; in each, a bare alias before the plugin's own spelling.
+    for _, _, param, value in sorted(chosen, key=lambda item: item[:2]):
+        from_environment = ctx.get_parameter_source(str(param.name)) is ParameterSource.ENVIRONMENT
         if param.pairs:
             _merge(
                 given,
@@ -300,13 +337,13 @@ def given_settings(
                 functools.partial(_pair_place, param=param),
             )
             continue
-        *parents, leaf = param.target
-        node = given
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-        from_environment = source is ParameterSource.ENVIRONMENT
-        places[".".join(param.target)] = f"${param.envvar}" if from_environment else param.opts[0]
+        for target in param.alias_of or (param.target,):
+            *parents, leaf = target
+            node = given
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+            places[".".join(target)] = f"${param.envvar}" if from_environment else param.opts[0]
     return given, places
 
 
@@ -361,6 +398,8 @@ class Setting(typing.NamedTuple):
     variable: str
     """Its environment variable, or "" when only a configuration file can hold it."""
     field: FieldInfo
+    aliases: tuple[str, str, str] | None = None
+    """Its bare spellings (key, flags, variable), for a model client's setting."""
 
 
 def every_setting(host: PluginHost) -> Iterable[Setting]:
@@ -384,9 +423,18 @@ def every_setting(host: PluginHost) -> Iterable[Setting]:
     for concern in CONCERNS:
         for name, cls in sorted(plugin_classes(host, concern).items()):
             for key, field in documented(cls.Settings).model_fields.items():
-                target = (key,) if concern.flat else (concern.section, name, key)
-                flag = plugin_flag(concern, name, key, field)
-                yield setting(f"{concern.title} {name!r}", ".".join(target), field, target, flag)
+                target = (concern.section, name, key)
+                found = setting(
+                    f"{concern.title} {name!r}",
+                    ".".join(target),
+                    field,
+                    target,
+                    plugin_flag(name, key, field),
+                )
+                if concern.bare_aliases:
+                    bare = setting("", key, field, (key,), key)
+                    found = found._replace(aliases=(bare.key, bare.flag, bare.variable))
+                yield found
     for name, table in sorted(host.config_tables.items()):
         for key, field in documented(table.entry).model_fields.items():
             yield Setting(f"{table.title} ([{name}.NAME], file only)", f"{name}.NAME.{key}", "", "", field)
@@ -403,15 +451,22 @@ def settings_page(host: PluginHost) -> str:
         "in this repository; a test keeps it current. Every key is a `--config` file key (plugin",
         "sections as `[sandbox_options.NAME]`), every flag works in both spellings and reads the",
         "environment variable beside it when not given (a flag over its variable over the file).",
+        "A model client's settings also answer to their bare key, flag and variable (`max_retries`,",
+        "`--max_retries`, `TRAJKIT_MAX_RETRIES`: for every client that declares the key), as the",
+        "reference runner's did; the client's own spelling wins where both are given in one place.",
     ]
     group = None
-    for title, key, flag, env, field in every_setting(host):
+    for title, key, flag, env, field, aliases in every_setting(host):
         if title != group:
             group = title
             lines += ["", f"## {title}", "", "| key | flag | variable | type | default | |"]
             lines += ["|---|---|---|---|---|---|"]
         default = "" if field.default_factory is not None else json.dumps(field.default, default=str)
         description = " ".join((field.description or "").split())
+        if aliases:
+            bare_key, bare_flag, bare_env = aliases
+            spelled = [f"`{bare_key}`", *([f"`{bare_flag.split(' / ')[0]}`"] if bare_flag else [])]
+            description += f" Also {', '.join([*spelled, *([f'`{bare_env}`'] if bare_env else [])])}."
         cells = [
             f"`{key}`",
             f"`{flag.split(' / ')[0]}`" if flag else "file only",

@@ -4,11 +4,13 @@ and the settings models of the installed plugins.
 The core's own settings are the fields of :class:`~trajkit.config.run_config.RunConfig`. Every plugin class
 declares the rest in its ``Settings`` model, reached through one *concern* per registration hook:
 
-- model clients' settings are top-level keys and flags of their own name (``max_retries``,
-  ``--max_retries``): a run uses one client, and the reference runner's flags keep working;
-- sandbox backends', filters', writers', executors', toolsets' and search providers' settings live
-  in a section per plugin (``[sandbox_options.docker]``, ``--docker.network``,
-  ``--sandbox_option docker.network=host``), since a run uses several of each.
+- every plugin's settings live in a section per plugin (``[sandbox_options.docker]``,
+  ``--docker.network``, ``$TRAJKIT_DOCKER_NETWORK``, ``--sandbox_option docker.network=host``;
+  ``[model_options.openai]``, ``--openai.max_retries``, ``$TRAJKIT_OPENAI_MAX_RETRIES``);
+- model clients' settings also answer to their bare key (``max_retries``, ``--max_retries``,
+  ``$TRAJKIT_MAX_RETRIES``), for every client that declares it: a run uses one client, and the
+  reference runner's flags and configuration files keep working. A client's own spelling wins over
+  the bare one given in the same place (the same file, the environment, the command line).
 
 Each value is validated by its plugin's model, and an error names where the value came from (the
 flag, or the file and key), the plugin, the key and what it expects.
@@ -41,8 +43,9 @@ class Concern:
     """The :class:`~trajkit.manager.PluginHost` attribute listing its classes by name."""
     section: str
     """The configuration's table of its settings, by plugin name: "sandbox_options"."""
-    flat: bool = False
-    """Settings are top-level keys and flags of their own name instead of ``NAME.KEY``."""
+    bare_aliases: bool = False
+    """Each setting also answers to its bare key (``max_retries``, ``--max_retries``,
+    ``$TRAJKIT_MAX_RETRIES``) besides ``NAME.KEY``, for every plugin of the concern declaring it."""
 
     @property
     def option_flag(self) -> str:
@@ -51,7 +54,7 @@ class Concern:
 
 
 CONCERNS = (
-    Concern("model client", "model_clients", "model_options", flat=True),
+    Concern("model client", "model_clients", "model_options", bare_aliases=True),
     Concern("sandbox backend", "backends", "sandbox_options"),
     Concern("filter", "filters", "filter_options"),
     Concern("writer", "writers", "writer_options"),
@@ -188,11 +191,10 @@ def _given_sections(sections: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _flag_of(key: str) -> str:
     """The flag a dotted key would be given with: ``sandbox_options.docker.network`` ->
-    ``--docker.network``, ``model_options.openai.max_retries`` -> ``--max_retries``."""
+    ``--docker.network``, ``model_options.openai.max_retries`` -> ``--openai.max_retries``."""
     section, _, rest = key.partition(".")
-    for concern in CONCERNS:
-        if section == concern.section and rest:
-            return f"--{rest.partition('.')[2] if concern.flat else rest}"
+    if rest and section in {concern.section for concern in CONCERNS}:
+        return f"--{rest}"
     return f"--{key}"
 
 
@@ -203,14 +205,15 @@ def _spread_flat_settings(
     places: dict[str, str],
     place: Any,
 ) -> list[str]:
-    """Top-level keys that are model client settings go to every client that declares them;
-    returns the problems with the keys that are no setting at all."""
+    """Top-level keys that are model client settings (their bare aliases) go to every client that
+    declares them, unless the client's section has the key; returns the problems with the keys
+    that are no setting at all."""
     clients = plugin_classes(host, CONCERNS[0])
     unknown = []
     for key, value in loose.items():
         owners = [name for name, cls in clients.items() if key in cls.Settings.model_fields]
         for name in owners:
-            model_options.setdefault(name, {})[key] = value
+            model_options.setdefault(name, {}).setdefault(key, value)
             if key in places:
                 places.setdefault(f"model_options.{name}.{key}", places[key])
             else:

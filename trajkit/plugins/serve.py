@@ -91,7 +91,10 @@ def build_settings(ctx: click.Context, host: PluginHost, flags: dict[str, Any]) 
         raise click.UsageError(describe_errors(exc, lambda key: places.get(key, f"--{key}"))) from None
     if warning:
         log.warning("%s", warning)
-    given["request_timeout"] = serve_settings.request_timeout  # no model call outlasts its request
+    # No model call outlasts its request: every client's own --NAME.request_timeout gives way too.
+    given["request_timeout"] = serve_settings.request_timeout
+    for client in (given.get("model_options") or {}).values():
+        client.pop("request_timeout", None)
     # Sessions in flight: the model client sizes its connection pool from this.
     given["num_workers"] = serve_settings.max_concurrent
     if serve_settings.record is not None:

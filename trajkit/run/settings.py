@@ -161,10 +161,12 @@ def guarded_settings(config: RunConfig, host: PluginHost) -> dict[str, set[str]]
         flag = NEVER_SAVED_FLAGS.get(name) or str(extra.get("flag") or name)
         guarded[key] = {key, name, flag}
     for concern in CONCERNS:
-        if concern.flat:
-            continue
         for name, cls in plugin_classes(host, concern).items():
             for key, field in cls.Settings.model_fields.items():
+                if concern.bare_aliases:  # saved at the top level (watched()), named either way
+                    if key in guarded:
+                        guarded[key].add(f"{name}.{key}")
+                    continue
                 if concern.section == FILTER_SECTION or _marked(field):
                     dotted = f"{concern.section}.{name}.{key}"
                     guarded[dotted] = {dotted, f"{name}.{key}"}
