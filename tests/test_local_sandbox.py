@@ -250,6 +250,29 @@ def _cgroup_dirs() -> list[str]:
     return [str(p) for p in Path("/sys/fs/cgroup").glob("**/trajkit-*") if p.is_dir()]
 
 
+def test_an_unconfined_commands_cgroup_is_emptied_before_the_next_uses_it(tmp_path: Path) -> None:
+    """Unconfined, each command has a cgroup of its own below its sandbox's; once what it left
+    (a process that left its group with setsid) is killed, the next command uses it again
+    instead of waiting for the kernel to make a new one and remove the old."""
+    marker = str(random.randint(10**8, 10**9))
+
+    async def body(sb: Sandbox) -> None:
+        assert isinstance(sb, LocalSandbox)
+        if not sb.backend.cgroups:
+            need_engine("cgroups", "no cgroup can be made here")
+        cgroup_of = "grep -E ':pids:|^0::' /proc/self/cgroup"
+        first = await sb.exec(f"setsid sleep {marker}1 </dev/null >/dev/null 2>&1 & {cgroup_of}", timeout=30)
+        assert host_processes(marker) == []
+        second = await sb.exec(cgroup_of, timeout=30)
+        assert first.stdout.strip() and second.stdout == first.stdout
+        assert len(sb.spare_cgroups) == 1
+        beside = [sb.exec(f"sleep 0.5; {cgroup_of}", timeout=30) for _ in range(2)]
+        at_once = {result.stdout for result in await asyncio.gather(*beside)}
+        assert len(at_once) == 2, "commands running at once share no cgroup"
+
+    in_sandbox(tmp_path, body)
+
+
 def test_a_fork_bomb_meets_its_sandboxs_limit_alone(tmp_path: Path) -> None:
     async def body(sb: Sandbox) -> None:
         assert isinstance(sb, LocalSandbox)

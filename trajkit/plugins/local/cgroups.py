@@ -76,11 +76,14 @@ class Cgroups:
             return [("pids.max", self.max_processes)]
         return [("memory.limit_in_bytes", self.memory)]
 
-    def destroy(self, name: str) -> None:
-        """Kill every process of the cgroups ``name`` (however they left their process group), and
-        remove them."""
+    def kill(self, name: str) -> None:
+        """SIGKILL every process of the cgroups ``name``, however they left their process group."""
         for parent in self.parents.values():
-            remove(os.path.join(parent, name))
+            kill_all(os.path.join(parent, name))
+
+    def empty(self, name: str) -> bool:
+        """True if no process is left in the cgroups ``name`` (killed ones leave as they exit)."""
+        return not any(_pids(os.path.join(parent, name)) for parent in self.parents.values())
 
     def close(self) -> None:
         """Remove this runner's directories of sandbox cgroups, and whatever is still in them."""

@@ -66,6 +66,8 @@ class LocalSandbox(Sandbox):
         self.starting = asyncio.Lock()
         self.cgroup = ""
         self.joins: list[str] | None = None
+        self.spare_cgroups: list[str] = []
+        """Unconfined: the cgroups of finished commands (their processes killed), to use again."""
         """The sandbox's cgroups (their ``cgroup.procs`` files), taken by its first command."""
         # A clean environment: the runner's own variables (API keys among them) must never be
         # visible to a command whose output lands in a trajectory.
@@ -90,15 +92,10 @@ class LocalSandbox(Sandbox):
         if self.closed:
             raise SandboxError("sandbox is closed")
 
-    def _sandbox_cgroups(self) -> list[str]:
-        if self.joins is None:
-            cgroups = self.backend.cgroups
-            self.cgroup, self.joins = cgroups.acquire() if cgroups else ("", [])
-        return self.joins
-
     async def _sandbox_cgroups_off_loop(self) -> list[str]:
-        """:meth:`_sandbox_cgroups`, its system calls (a cgroup made in each hierarchy, its limits
-        written) in a worker thread rather than on the loop every session shares."""
+        """The sandbox's cgroups (their ``cgroup.procs`` files), taken by its first command: made
+        (a cgroup in each hierarchy, its limits written) in a worker thread rather than on the
+        loop every session shares. Called with :attr:`starting` held."""
         if self.joins is None:
             cgroups = self.backend.cgroups
             self.cgroup, joins = await asyncio.to_thread(cgroups.acquire) if cgroups else ("", [])
@@ -157,11 +154,13 @@ class LocalSandbox(Sandbox):
         self.execs += 1
         tag = f"{self.name}/{self.execs}"
         cgroups = self.backend.cgroups
-        joins, own_cgroup = [], ""
+        joins: list[str] = []
+        own_cgroup = ""
         if cgroups:
-            self._sandbox_cgroups()
-            own_cgroup = f"{self.cgroup}/c{self.execs}"
-            joins = cgroups.create(own_cgroup, limits=False)
+            if self.joins is None:
+                async with self.starting:
+                    await self._sandbox_cgroups_off_loop()
+            own_cgroup, joins = self._command_cgroup(cgroups)
         full_env = {**self.env, **(env or {}), MARKER: tag}
         argv = [self.backend.shell, "-c", command]
         if joins:
@@ -171,7 +170,8 @@ class LocalSandbox(Sandbox):
             await proc.wait(timeout)
         finally:
             if cgroups:
-                cgroups.destroy(own_cgroup)
+                cgroups.kill(own_cgroup)  # what it left behind; the cgroup serves a later command
+                self.spare_cgroups.append(own_cgroup)
             else:
                 kill_marked(MARKER, tag)
         # The host path of the working directory stays out of the data.
@@ -182,6 +182,20 @@ class LocalSandbox(Sandbox):
             timed_out=proc.timed_out,
             truncated=proc.stdout.truncated or proc.stderr.truncated,
         )
+
+    def _command_cgroup(self, cgroups: local_cgroups.Cgroups) -> tuple[str, list[str]]:
+        """A cgroup of its own for an unconfined command, below the sandbox's: one an earlier
+        command left empty (making and removing one waits for the kernel's cgroup lock, 1-2 ms on
+        a busy machine), else a new one; its name and the ``cgroup.procs`` files to join."""
+        for index, name in enumerate(self.spare_cgroups):
+            if cgroups.empty(name):
+                del self.spare_cgroups[index]
+                return name, [
+                    os.path.join(parent, name, "cgroup.procs") for parent in cgroups.parents.values()
+                ]
+            cgroups.kill(name)  # still dying, or something outran the last kill
+        name = f"{self.cgroup}/c{self.execs}"
+        return name, cgroups.create(name, limits=False)
 
     async def start_process(
         self, command: str, *, env: Mapping[str, str] | None = None, output_kept: int = DEFAULT_OUTPUT_KEPT
