@@ -247,7 +247,9 @@ def test_kill_9_of_the_runner_leaves_no_process(sandbox_root: Path, isolation: s
 
 
 def _cgroup_dirs() -> list[str]:
-    return [str(p) for p in Path("/sys/fs/cgroup").glob("**/trajkit-*") if p.is_dir()]
+    # os.walk passes over a directory removed while it walks (another run's cgroup going away).
+    walk = os.walk("/sys/fs/cgroup")
+    return [os.path.join(top, name) for top, dirs, _ in walk for name in dirs if name.startswith("trajkit-")]
 
 
 def test_an_unconfined_commands_cgroup_is_emptied_before_the_next_uses_it(tmp_path: Path) -> None:
