@@ -215,9 +215,18 @@ async def browser_navigate(args: dict[str, Any], ctx: ToolContext) -> str:
     session = _session(ctx)
     settings = session.settings
 
+    async def load(page: Page) -> Any:
+        try:
+            return await page.goto(url, wait_until="load")
+        except Error as exc:
+            # A navigation that timed out earlier may commit late and cut this one short: once.
+            if "interrupted by another navigation" not in exc.message:
+                raise
+        return await page.goto(url, wait_until="load")
+
     async def go(page: Page) -> str:
         try:
-            response = await page.goto(url, wait_until="load")
+            response = await load(page)
         except PlaywrightTimeout:
             raise ToolError(
                 f"{public(url)} did not finish loading within {settings.navigation_timeout:g}s"
