@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench import common
 from bench.browser_sessions import FILLER, PAGES
 
 IMAGE = "trajkit-test/chromium:latest"
@@ -119,21 +120,6 @@ async def measure(sessions: int, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def unavailable() -> str | None:
-    """Why the benchmark cannot run here (no engine, no image), or None."""
-    try:
-        import docker
-
-        client = docker.from_env(timeout=30)
-        try:
-            client.images.get(IMAGE)
-        finally:
-            client.close()
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc} (bash scripts/engines/docker.sh start && ... images)"
-    return None
-
-
 def summary(values: list[float]) -> dict[str, Any]:
     if not values:
         return {}
@@ -159,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.source:
         sys.path.insert(0, str(args.source.resolve()))
-    if reason := unavailable():
+    if reason := common.docker_available(IMAGE):
         print(f"browser_inside: skipped: {reason}")
         return
     results = []

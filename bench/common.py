@@ -228,6 +228,34 @@ class LoadServer:
             proc.stdout.close()
 
 
+def docker_available(image: str) -> str | None:
+    """None if the engine answers and has ``image``, else why not."""
+    if shutil.which("docker") is None:
+        return "no docker CLI on PATH"
+    try:
+        info = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "the Docker engine did not answer within 15 s"
+    if info.returncode != 0:
+        return f"no Docker engine reachable ({info.stderr.strip()[:200]})"
+    found = subprocess.run(
+        ["docker", "image", "inspect", image], capture_output=True, text=True, timeout=30, check=False
+    )
+    if found.returncode != 0:
+        return f"image {image} is not on the engine (bash scripts/engines/docker.sh images builds it)"
+    try:
+        import trajkit_docker  # noqa: F401
+    except ImportError as exc:
+        return f"the trajkit_docker package cannot be imported ({exc}; pip install -e ./trajkit_docker)"
+    return None
+
+
 def add_run_args(parser: Any, *, keep_help: str) -> None:
     """The flags every benchmark that runs ``trajkit run`` shares."""
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run at most (default 600)")

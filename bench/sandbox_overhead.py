@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -200,34 +199,6 @@ def _supervisor_cpu(sandbox: Any) -> float:
     return sum(int(field) for field in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def docker_available(image: str) -> str | None:
-    """None if the engine answers and has ``image``, else why not."""
-    if shutil.which("docker") is None:
-        return "no docker CLI on PATH"
-    try:
-        info = subprocess.run(
-            ["docker", "info", "--format", "{{.ServerVersion}}"],
-            capture_output=True,
-            text=True,
-            timeout=15,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return "the Docker engine did not answer within 15 s"
-    if info.returncode != 0:
-        return f"no Docker engine reachable ({info.stderr.strip()[:200]})"
-    found = subprocess.run(
-        ["docker", "image", "inspect", image], capture_output=True, text=True, timeout=30, check=False
-    )
-    if found.returncode != 0:
-        return f"image {image} is not on the engine (bash scripts/engines/docker.sh images builds it)"
-    try:
-        import trajkit_docker  # noqa: F401
-    except ImportError as exc:
-        return f"the trajkit_docker package cannot be imported ({exc}; pip install -e ./trajkit_docker)"
-    return None
-
-
 async def _docker_trajkit(n: int, image: str) -> dict[str, Any]:
     from trajkit.sandbox import SandboxSpec
     from trajkit_docker import DockerBackend
@@ -311,7 +282,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 )
             results["exec_rate"] = rates
     if args.docker > 0:
-        reason = docker_available(args.image)
+        reason = common.docker_available(args.image)
         if reason:
             results["docker_skipped"] = reason
             print(f"docker: skipped: {reason}")
