@@ -154,6 +154,61 @@ def cpu_pressure_total() -> float | None:
     return None
 
 
+class TreeCPU:
+    """Every CPU-second of a process and of everything it starts, wherever they end up: a cgroup
+    v1 ``cpuacct`` group of its own (a process's children stay in it; sandbox processes moved
+    into pids or memory cgroups too, those are other hierarchies). ``/proc``'s figures miss what is
+    reaped by others: a sandbox's supervisor killed with its bubblewrap goes to the host's init.
+    Unavailable (``seconds()`` None) without a writable cpuacct hierarchy (cgroup v2 only, say)."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        own = _own_cpuacct()
+        if own is not None:
+            path = os.path.join(own, f"trajkit-bench-{os.getpid()}-{time.monotonic_ns()}")
+            with contextlib.suppress(OSError):
+                os.mkdir(path)
+                self.path = path
+
+    def join(self) -> None:
+        """Move the calling process into the group (a ``preexec_fn``: before the program runs)."""
+        if self.path is not None:
+            with open(os.path.join(self.path, "cgroup.procs"), "w") as handle:
+                handle.write(str(os.getpid()))
+
+    def finish(self) -> float | None:
+        """Once the tree has exited (its last processes may take a moment): its CPU seconds; the
+        group is removed."""
+        if self.path is None:
+            return None
+        used = None
+        for _ in range(100):
+            try:
+                with open(os.path.join(self.path, "cgroup.procs")) as handle:
+                    if handle.read().strip():
+                        time.sleep(0.1)
+                        continue
+                with open(os.path.join(self.path, "cpuacct.usage")) as handle:
+                    used = int(handle.read()) / 1e9
+                os.rmdir(self.path)
+            except (OSError, ValueError):
+                pass
+            break
+        return used
+
+
+def _own_cpuacct() -> str | None:
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as handle:
+        for line in handle:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if "cpuacct" in controllers.split(","):
+                for mount in ("/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/cpu,cpuacct"):
+                    directory = os.path.join(mount, path.lstrip("/"))
+                    if os.access(directory, os.W_OK):
+                        return directory
+    return None
+
+
 def open_fds(pid: int) -> int:
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
@@ -413,6 +468,8 @@ class Measured:
     """Share of the wall time during which some task on the machine waited for a CPU (PSI)."""
     samples: list[tuple[float, int, int, float]] = field(default_factory=list)
     """(seconds since start, VmRSS bytes, open fds, own CPU seconds so far)."""
+    tree_cpu_s: float | None = None
+    """CPU of the process and everything it started, however they ended (:class:`TreeCPU`)."""
 
     @property
     def cpu_total_s(self) -> float:
@@ -430,6 +487,7 @@ def run_measured(
 ) -> Measured:
     """Run ``argv``, sampling its memory, and account its CPU exactly (read while it is a zombie)."""
     started = time.monotonic()
+    tree = TreeCPU()
     with open(os.devnull, "wb") as devnull, _tempfile() as errfile:
         proc = subprocess.Popen(
             list(argv),
@@ -438,6 +496,7 @@ def run_measured(
             stderr=errfile,
             env=env,
             cwd=cwd or NEUTRAL_CWD,
+            preexec_fn=tree.join,  # a benchmark's child: this fork's cost is not measured
         )
         pid = proc.pid
         hwm = threads = fds = 0
@@ -471,6 +530,7 @@ def run_measured(
         proc.returncode = os.waitstatus_to_exitcode(wait_status)
         errfile.seek(0)
         tail = errfile.read().decode("utf-8", "replace")[-3000:]
+    tree_cpu = tree.finish()
     if killed:
         tail += f"\n[killed after {timeout:g}s]"
     return Measured(
@@ -488,6 +548,7 @@ def run_measured(
         if pressure_before is None or pressure_after is None
         else (pressure_after - pressure_before) / wall,
         samples,
+        tree_cpu,
     )
 
 

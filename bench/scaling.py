@@ -141,6 +141,10 @@ def run_one(
         "wall_s": round(measured.wall_s, 2),
         "runner_cpu_s": round(measured.cpu_s, 2),
         "tool_processes_cpu_s": round(measured.children_cpu_s, 2),
+        "run_tree_cpu_s": None if measured.tree_cpu_s is None else round(measured.tree_cpu_s, 2),
+        "run_tree_cpu_ms_per_trajectory": (
+            None if measured.tree_cpu_s is None else round(1e3 * measured.tree_cpu_s / prompts, 2)
+        ),
         "runner_cpu_ms_per_turn": round(1e3 * measured.cpu_s / turns, 3),
         "runner_cpu_share_of_window": round(measured.cpu_s / window.seconds, 3) if window.seconds else None,
         "server_cpu_s": round(server_cpu, 2),
@@ -210,6 +214,9 @@ def render(rows: list[dict[str, Any]]) -> str:
                 r["session_mean_s"],
                 f"{r['first_wave_session_mean_s']} / {r['last_wave_session_mean_s']}",
                 f"{r['runner_cpu_s']} / {r['tool_processes_cpu_s']}",
+                "-"
+                if r.get("run_tree_cpu_s") is None
+                else f"{r['run_tree_cpu_s']} ({r['run_tree_cpu_ms_per_trajectory']} ms)",
                 f"{100 * r['runner_cpu_share_of_window']:.0f}%" if r["runner_cpu_share_of_window"] else "-",
                 r["server_cpu_s"],
                 r["peak_rss_mib"],
@@ -230,6 +237,7 @@ def render(rows: list[dict[str, Any]]) -> str:
             "session mean s",
             "first / last wave s",
             "runner CPU s (own / tool processes)",
+            "all the run's processes CPU s (per trajectory)",
             "runner CPU / window",
             "server CPU s",
             "peak RSS MiB",
