@@ -151,6 +151,7 @@ def _split_keep(text: str, sentinel: str) -> list[str]:
 def generate(directory: Path, count: int, batch_size: int) -> dict[str, Any]:
     """Write ``count`` prompts and their records; returns sizes."""
     from trajkit.run.dataset import DatasetRow
+    from trajkit.run.rundir import RunDir
 
     started = time.perf_counter()
     run_dir = directory / RUN_NAME
@@ -166,7 +167,7 @@ def generate(directory: Path, count: int, batch_size: int) -> dict[str, Any]:
             if i % batch_size == 0:
                 if handle is not None:
                     handle.close()
-                handle = (run_dir / f"batch_{i // batch_size}.jsonl").open("w")
+                handle = RunDir(run_dir).batch_path(i // batch_size).open("w")
             prompt_id = DatasetRow(prompt=prompt).prompt_id()
             values = {
                 SENTINELS[0]: f"{prompt_id}.0",
@@ -211,6 +212,13 @@ def phase(args: argparse.Namespace) -> None:
     from trajkit.run.finalize import finalize
     from trajkit.run.ledger import assign, scan
 
+    run_dir: Any = args.run_dir
+    try:  # the run directory as the measured trajkit names it
+        from trajkit.run.rundir import RunDir
+
+        run_dir = RunDir(args.run_dir)
+    except ImportError:  # a trajkit from before RunDir (--source): functions of the path
+        pass
     gc.collect()
     out: dict[str, Any] = {"baseline_rss": _rss()}
     clock = time.perf_counter()
@@ -218,7 +226,7 @@ def phase(args: argparse.Namespace) -> None:
     assert not errors, errors[:3]
     out["read_dataset_s"], clock = time.perf_counter() - clock, time.perf_counter()
     out["rss_after_dataset"] = _rss()
-    index = scan(args.run_dir)
+    index = scan(run_dir)
     out["scan_s"], clock = time.perf_counter() - clock, time.perf_counter()
     out["rss_after_scan"] = _rss()
     paired = assign(items, index)
@@ -229,7 +237,7 @@ def phase(args: argparse.Namespace) -> None:
     if args.phase == "merge":
         run_tools = ["execute_code", "patch", "read_file", "search_files", "terminal", "write_file"]
         stats = finalize(
-            args.run_dir, paired, index, [HallucinatedTool(), NoReasoning()], [ShareGPTWriter()], run_tools
+            run_dir, paired, index, [HallucinatedTool(), NoReasoning()], [ShareGPTWriter()], run_tools
         )
         out["finalize_s"] = time.perf_counter() - clock
         out["kept"] = stats["kept"]
@@ -303,7 +311,9 @@ def one_size(args: argparse.Namespace, root: Path, count: int) -> dict[str, Any]
         assert resume["done"] == count and resume["pending"] == 0, resume
         merge = measure_phase(args, directory, "merge")
         assert merge["kept"] == count, merge
-        output = directory / RUN_NAME / "trajectories.jsonl"
+        from trajkit.run.rundir import RunDir
+
+        output = RunDir(directory / RUN_NAME).kept_path
         with output.open("rb") as handle:
             lines = sum(1 for _ in handle)
         assert lines == count, (lines, count)

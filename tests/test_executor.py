@@ -28,12 +28,13 @@ from trajkit.plugins.export.writers import OpenAIWriter
 from trajkit.plugins.local_executor import LocalExecutor
 from trajkit.run.attempt import Sessions
 from trajkit.run.executor import Driver, Executor, Failed, Finished, SessionPlan, WorkOrder
+from trajkit.run.files import RunIOError
 from trajkit.run.finalize import offer_tool_schemas
-from trajkit.run.rundir import TOOLS_FILE, RunIOError
+from trajkit.run.rundir import RunDir
 from trajkit.run.runner import EXIT_INCOMPLETE, EXIT_OK, Runner
 from trajkit.tools import Tool, ToolContext, Toolset
 from trajkit.tools import catalog as tool_catalog
-from trajkit.tools.catalog import ToolCatalog, read_tool_schemas, tool_schemas_key
+from trajkit.tools.catalog import tool_schemas_key
 
 PROMPTS: list[dict[str, Any] | str] = [
     *({"prompt": f"task {i}", "topic": "t"} for i in range(6)),
@@ -78,7 +79,7 @@ def test_local_is_the_default_executor_and_runs_every_session(tmp_path: Path) ->
         r["work_id"]: r["metadata"]["batch_num"] for r in read_jsonl(tmp_path / "default" / "batch_0.jsonl")
     }
     assert set(batches.values()) == {0}  # the runner numbers the batch a record lands in
-    assert all(r["tool_schemas_key"] in read_tool_schemas(tmp_path / "default") for r in first)
+    assert all(r["tool_schemas_key"] in RunDir(tmp_path / "default").tool_schemas() for r in first)
 
 
 def test_the_cli_takes_the_executor_flag(tmp_path: Path) -> None:
@@ -276,7 +277,7 @@ def test_exports_render_the_saved_schemas_without_the_plugin_that_made_them(
     )
     assert run(config, host)[0] == EXIT_OK
     run_dir = tmp_path / "jot"
-    saved = read_tool_schemas(run_dir)
+    saved = RunDir(run_dir).tool_schemas()
     records = read_jsonl(run_dir / "trajectories.jsonl")
     for record in records:
         schemas = saved[record["tool_schemas_key"]]
@@ -292,9 +293,9 @@ def test_exports_render_the_saved_schemas_without_the_plugin_that_made_them(
     assert read_jsonl(tmp_path / "again.jsonl") == run_rows
 
     # a run made before tools.json: the installed plugins' schemas, and a warning for the missing tool
-    (run_dir / TOOLS_FILE).unlink()
+    RunDir(run_dir).tools_path.unlink()
     writer = OpenAIWriter()
-    offer_tool_schemas([writer], run_dir)
+    offer_tool_schemas([writer], RunDir(run_dir))
     with caplog.at_level(logging.WARNING, logger="trajkit"):
         export_records(writer, read_records(run_dir / "trajectories.jsonl"), tmp_path / "old.jsonl")
     assert "tool 'jot' is not installed" in caplog.text
@@ -306,7 +307,7 @@ def test_exports_render_the_saved_schemas_without_the_plugin_that_made_them(
 def test_tool_schemas_the_disk_refused_are_written_later(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    catalog = ToolCatalog(tmp_path)
+    catalog = RunDir(tmp_path).tools_catalog()
 
     def refuse(path: Path, text: str) -> None:
         raise RunIOError(path, OSError(28, "No space left on device"))
@@ -316,9 +317,9 @@ def test_tool_schemas_the_disk_refused_are_written_later(
         catalog.add({"k1": [JOT.schema()]})
     monkeypatch.undo()
     catalog.flush()
-    assert read_tool_schemas(tmp_path) == {"k1": [JOT.schema()]}
+    assert RunDir(tmp_path).tool_schemas() == {"k1": [JOT.schema()]}
 
-    (tmp_path / TOOLS_FILE).write_text("{not json")
+    RunDir(tmp_path).tools_path.write_text("{not json")
     with caplog.at_level(logging.WARNING, logger="trajkit"):
-        assert read_tool_schemas(tmp_path) == {}
+        assert RunDir(tmp_path).tool_schemas() == {}
     assert "installed plugins instead" in caplog.text

@@ -19,7 +19,7 @@ from trajkit.jsonutil import dumps_bytes, dumps_line, loads
 from trajkit.run import ledger as ledger_module
 from trajkit.run.dataset import DatasetRow, read_dataset
 from trajkit.run.ledger import AppendLog, LedgerWriter, RecordReader, assign, records, scan
-from trajkit.run.rundir import batch_files
+from trajkit.run.rundir import RunDir
 
 
 def ledger_record(work_id: str, **fields: Any) -> dict[str, Any]:
@@ -52,24 +52,24 @@ def finished(ledger: LedgerWriter, work_id: str) -> None:
 
 
 def test_batch_files_sort_numerically_and_new_invocations_start_new_files(tmp_path: Path) -> None:
-    ledger = LedgerWriter(tmp_path, batch_size=1)
+    ledger = LedgerWriter(RunDir(tmp_path), batch_size=1)
     for i in range(12):
         finished(ledger, f"p{i}.0")
     ledger.close()
-    assert [n for n, _ in batch_files(tmp_path)] == list(range(12))
-    second = LedgerWriter(tmp_path, batch_size=5)
+    assert [n for n, _ in RunDir(tmp_path).batch_files()] == list(range(12))
+    second = LedgerWriter(RunDir(tmp_path), batch_size=5)
     finished(second, "q.0")
     second.close()
     assert (tmp_path / "batch_12.jsonl").read_text().count("\n") == 1
 
 
 def test_a_known_index_is_extended_with_the_new_batch_files_only(tmp_path: Path) -> None:
-    first = LedgerWriter(tmp_path, batch_size=2)
+    first = LedgerWriter(RunDir(tmp_path), batch_size=2)
     for i in range(3):
         finished(first, f"a{i}.0")
     first.close()
-    index = scan(tmp_path)
-    second = LedgerWriter(tmp_path, batch_size=2)
+    index = scan(RunDir(tmp_path))
+    second = LedgerWriter(RunDir(tmp_path), batch_size=2)
     for i in range(3):
         finished(second, f"b{i}.0")
     finished(second, "a0.1")
@@ -78,8 +78,8 @@ def test_a_known_index_is_extended_with_the_new_batch_files_only(tmp_path: Path)
     with (tmp_path / "batch_0.jsonl").open("a") as handle:
         handle.write(json.dumps(ledger_record("zz.0")) + "\n")
 
-    extended = scan(tmp_path, index)
-    full = scan(tmp_path)
+    extended = scan(RunDir(tmp_path), index)
+    full = scan(RunDir(tmp_path))
     assert extended is index
     assert set(extended.records) == set(full.records) - {"zz.0"}
     assert {k: v for k, v in full.records.items() if k != "zz.0"} == extended.records
@@ -87,12 +87,12 @@ def test_a_known_index_is_extended_with_the_new_batch_files_only(tmp_path: Path)
 
 
 def test_torn_last_line_is_ignored_and_reported(tmp_path: Path) -> None:
-    ledger = LedgerWriter(tmp_path, batch_size=10)
+    ledger = LedgerWriter(RunDir(tmp_path), batch_size=10)
     finished(ledger, "a.0")
     ledger.close()
     with (tmp_path / "batch_0.jsonl").open("a") as handle:
         handle.write('{"work_id": "b.0", "prom')
-    index = scan(tmp_path)
+    index = scan(RunDir(tmp_path))
     assert list(index.records) == ["a.0"]
     assert [str(bad) for bad in index.bad] == [
         f"{tmp_path / 'batch_0.jsonl'}:2: incomplete last line (a write cut off)"
@@ -100,13 +100,13 @@ def test_torn_last_line_is_ignored_and_reported(tmp_path: Path) -> None:
 
 
 def test_records_are_read_back_in_ledger_order_once_each(tmp_path: Path) -> None:
-    ledger = LedgerWriter(tmp_path, batch_size=2)
+    ledger = LedgerWriter(RunDir(tmp_path), batch_size=2)
     for work_id in ("c.0", "a.0", "b.0", "a.1", "d.0"):
         ledger.append(ledger_record(work_id, prompt_index=ord(work_id[0])))
     ledger.close()
     with (tmp_path / "batch_1.jsonl").open("a") as handle:  # a repeat, then a torn line
         handle.write(json.dumps(ledger_record("a.0", prompt_index=-1)) + "\n" + '{"work_id": "e.0"')
-    index = scan(tmp_path)
+    index = scan(RunDir(tmp_path))
     read = list(records(index))
     assert [r["work_id"] for r in read] == ["c.0", "a.0", "b.0", "a.1", "d.0"]
     assert [r["prompt_index"] for r in read][:2] == [ord("c"), ord("a")], "the first record of a work item"
@@ -115,17 +115,17 @@ def test_records_are_read_back_in_ledger_order_once_each(tmp_path: Path) -> None
 def test_duplicates_resume_k_minus_j_and_edits_keep_identity(tmp_path: Path) -> None:
     rows = [{"prompt": "same"}, {"prompt": "other"}, {"prompt": "same"}, {"prompt": "same"}]
     items, _ = read_dataset(write_jsonl(tmp_path / "d.jsonl", rows))
-    ledger = LedgerWriter(tmp_path, batch_size=10)
+    ledger = LedgerWriter(RunDir(tmp_path), batch_size=10)
     finished(ledger, items[2].work_id)  # occurrence 1 of "same" finished
     ledger.close()
-    paired = assign(items, scan(tmp_path))
+    paired = assign(items, scan(RunDir(tmp_path)))
     assert [location is not None for _, location in paired] == [True, False, False, False]
     pending_ids = [item.work_id for item, location in paired if location is None]
     assert len(set(pending_ids)) == 3 and items[2].work_id not in pending_ids
 
     # The dataset is reordered and one copy removed: one finished + one more needed.
     edited, _ = read_dataset(write_jsonl(tmp_path / "e.jsonl", [rows[1], rows[0], rows[2]]))
-    paired = assign(edited, scan(tmp_path))
+    paired = assign(edited, scan(RunDir(tmp_path)))
     assert [location is not None for _, location in paired] == [False, True, False]
 
 
@@ -137,11 +137,13 @@ def test_a_prompt_s_identity_is_stable_across_versions() -> None:
 
 
 def test_ledger_lines_are_complete_json(tmp_path: Path) -> None:
-    ledger = LedgerWriter(tmp_path, batch_size=3)
+    ledger = LedgerWriter(RunDir(tmp_path), batch_size=3)
     for i in range(7):
         finished(ledger, f"p{i}.0")
     ledger.close()
-    lines = [json.loads(line) for _, p in batch_files(tmp_path) for line in p.read_text().splitlines()]
+    lines = [
+        json.loads(line) for _, p in RunDir(tmp_path).batch_files() for line in p.read_text().splitlines()
+    ]
     assert [line["work_id"] for line in lines] == [f"p{i}.0" for i in range(7)]
 
 
@@ -155,11 +157,11 @@ def test_scan_reads_records_of_either_spelling(tmp_path: Path) -> None:
     older = {**record, "work_id": f"{HEX_ID}.1"}
     with (tmp_path / "batch_0.jsonl").open("w") as handle:
         handle.write(json.dumps(older, ensure_ascii=False) + "\n")  # as ledgers were written before
-    ledger = LedgerWriter(tmp_path, batch_size=10)
+    ledger = LedgerWriter(RunDir(tmp_path), batch_size=10)
     ledger.append(record)
     ledger.close()
     assert (tmp_path / "batch_1.jsonl").read_bytes().startswith(b'{"work_id":"')
-    index = scan(tmp_path)
+    index = scan(RunDir(tmp_path))
     assert sorted(index.records) == [f"{HEX_ID}.0", f"{HEX_ID}.1"]
     assert index.by_prompt == {HEX_ID: [1, 0]}
 
@@ -174,13 +176,13 @@ ORJSON_REFUSES: dict[str, dict[Any, Any]] = {
 @pytest.mark.parametrize("shape", ORJSON_REFUSES)
 def test_values_orjson_refuses_are_written_and_read_back_exactly(tmp_path: Path, shape: str) -> None:
     record = ledger_record(f"{HEX_ID}.0", **ORJSON_REFUSES[shape])
-    ledger = LedgerWriter(tmp_path, batch_size=10)
+    ledger = LedgerWriter(RunDir(tmp_path), batch_size=10)
     ledger.append(record)
     ledger.append(ledger_record(f"{HEX_ID}.1"))
     ledger.close()
     raw = (tmp_path / "batch_0.jsonl").read_bytes()
     raw.decode("utf-8")  # valid UTF-8 whatever the record held
-    index = scan(tmp_path)
+    index = scan(RunDir(tmp_path))
     assert sorted(index.records) == [f"{HEX_ID}.0", f"{HEX_ID}.1"] and not index.bad
     reader = RecordReader(index)
     read = reader.read(index.records[f"{HEX_ID}.0"])
@@ -286,7 +288,7 @@ def test_full_batch_files_are_closed_off_the_caller_s_thread_and_all_synced_by_c
     spy = FsyncSpy(delay=0.05)
     monkeypatch.setattr(os, "fsync", spy)
     monkeypatch.setattr(ledger_module, "FSYNC_INTERVAL", 3600.0)
-    ledger = LedgerWriter(tmp_path, batch_size=2)
+    ledger = LedgerWriter(RunDir(tmp_path), batch_size=2)
     for i in range(5):
         finished(ledger, f"p{i}.0")
     ledger.close()
@@ -295,9 +297,9 @@ def test_full_batch_files_are_closed_off_the_caller_s_thread_and_all_synced_by_c
     assert set(last) == {"batch_0.jsonl", "batch_1.jsonl", "batch_2.jsonl"}
     assert last["batch_0.jsonl"] != here and last["batch_1.jsonl"] != here and last["batch_2.jsonl"] == here
     assert open_files(tmp_path) == []
-    assert [line["work_id"] for _, p in batch_files(tmp_path) for line in map(json.loads, p.open())] == [
-        f"p{i}.0" for i in range(5)
-    ]
+    assert [
+        line["work_id"] for _, p in RunDir(tmp_path).batch_files() for line in map(json.loads, p.open())
+    ] == [f"p{i}.0" for i in range(5)]
 
 
 def test_a_failed_background_fsync_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

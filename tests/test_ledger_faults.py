@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.test_ledger import ledger_record
 from trajkit.jsonutil import dumps_line
 from trajkit.run.ledger import AppendLog, LedgerWriter, RecordReader, assign, read_jsonl, scan
-from trajkit.run.rundir import batch_path
+from trajkit.run.rundir import RunDir
 
 A, B, C, D = "aaaa.0", "bbbb.0", "cccc.0", "dddd.0"
 
@@ -25,11 +25,11 @@ def lines(*work_ids: str) -> list[bytes]:
 
 def test_two_records_run_together_keep_the_whole_one_and_report_the_line(tmp_path: Path) -> None:
     a, b, c, d = lines(A, B, C, D)
-    batch_path(tmp_path, 0).write_bytes(a + b[:120] + c + d)  # b cut short, c appended onto it
-    index = scan(tmp_path)
+    RunDir(tmp_path).batch_path(0).write_bytes(a + b[:120] + c + d)  # b cut short, c appended onto it
+    index = scan(RunDir(tmp_path))
     assert sorted(index.records) == [A, C, D]
     [bad] = index.bad
-    assert (bad.path, bad.line) == (batch_path(tmp_path, 0), 2)
+    assert (bad.path, bad.line) == (RunDir(tmp_path).batch_path(0), 2)
     assert bad.problem.startswith("two records on one line") and C in bad.problem
     reader = RecordReader(index)
     assert reader.read(index.records[C])["work_id"] == C  # read from the middle of the line
@@ -42,11 +42,11 @@ def test_a_zeroed_block_across_a_record_boundary_loses_both_records_and_nothing_
     data = bytearray(a + b + c + d)
     boundary = len(a) + len(b)
     data[boundary - 60 : boundary + 60] = bytes(120)  # what a power cut can leave: a block of NULs
-    batch_path(tmp_path, 3).write_bytes(bytes(data))
-    index = scan(tmp_path)
+    RunDir(tmp_path).batch_path(3).write_bytes(bytes(data))
+    index = scan(RunDir(tmp_path))
     assert sorted(index.records) == [A, D]
     assert [str(bad) for bad in index.bad] == [
-        f"{batch_path(tmp_path, 3)}:2: NUL bytes (a block zeroed by a crash or power loss)"
+        f"{RunDir(tmp_path).batch_path(3)}:2: NUL bytes (a block zeroed by a crash or power loss)"
     ]
 
 
@@ -58,8 +58,8 @@ def test_garbage_and_incomplete_records_are_reported_by_line(tmp_path: Path) -> 
     body = [a, b"\x8f\xff garbage \x01\n", json.dumps(missing_usage).encode() + b"\n"]
     body += [b"[1, 2]\n", json.dumps(wrong_owner).encode() + b"\n", b"\n", b]
     body += [json.dumps(odd_occurrence).encode() + b"\n", d[:50]]
-    batch_path(tmp_path, 0).write_bytes(b"".join(body))
-    index = scan(tmp_path)
+    RunDir(tmp_path).batch_path(0).write_bytes(b"".join(body))
+    index = scan(RunDir(tmp_path))
     assert sorted(index.records) == [A, B]
     problems = [(bad.line, bad.problem) for bad in index.bad]
     assert problems == [
@@ -81,8 +81,8 @@ def test_the_prompts_of_bad_lines_run_again(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     good, damaged, also_good = (dumps_line(ledger_record(item.work_id)) for item in items)
-    batch_path(run, 0).write_bytes(good + damaged[:-30] + b"\x00" * 29 + b"\n" + also_good)
-    paired = assign(items, scan(run))
+    RunDir(run).batch_path(0).write_bytes(good + damaged[:-30] + b"\x00" * 29 + b"\n" + also_good)
+    paired = assign(items, scan(RunDir(run)))
     assert [location is None for _, location in paired] == [False, True, False]
 
 
@@ -113,22 +113,22 @@ def test_a_short_write_is_cut_back_and_the_line_held_until_the_disk_takes_it(tmp
     assert log.flush() and log.error is None and log.held == 0
     log.close()
     assert [e["work_id"] for e in read_jsonl(path)] == [A, B, C]
-    assert not scan(tmp_path).bad
+    assert not scan(RunDir(tmp_path)).bad
 
 
 def test_the_ledger_writer_holds_refused_records_and_rotates_only_once_they_are_written(
     tmp_path: Path,
 ) -> None:
-    writer = LedgerWriter(tmp_path, batch_size=1)
+    writer = LedgerWriter(RunDir(tmp_path), batch_size=1)
     assert writer.append(ledger_record(A))
     with file_size_limit(1):
         assert not writer.append(ledger_record(B))  # a new batch file, refused at its first byte
         assert not writer.append(ledger_record(C))
-        assert writer.held == 2 and writer.path == batch_path(tmp_path, 1)
+        assert writer.held == 2 and writer.path == RunDir(tmp_path).batch_path(1)
     assert writer.flush() and writer.held == 0
     assert writer.append(ledger_record(D))
     writer.close()
-    index = scan(tmp_path)
+    index = scan(RunDir(tmp_path))
     assert sorted(index.records) == [A, B, C, D] and not index.bad
     assert sorted(index.paths) == [0, 1, 2]
 

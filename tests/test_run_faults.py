@@ -21,7 +21,7 @@ from tests.test_resume import assert_exactly_once, run_args, sessions_started
 from trajkit.manager import load_plugins
 from trajkit.run.ledger import read_jsonl as ledger_lines
 from trajkit.run.ledger import scan
-from trajkit.run.rundir import lock_holder
+from trajkit.run.rundir import RunDir
 from trajkit.run.runner import EXIT_IO, EXIT_LOCKED
 from trajkit.run.view import run_status
 from trajkit.testing.engines import need_engine
@@ -101,7 +101,7 @@ def test_a_disk_that_fills_mid_run_loses_nothing_paid_for(tmp_path: Path) -> Non
         assert "every finished line held in memory is written now" in stderr
         assert "--resume" in stderr
         run_dir = disk / "r"
-        index = scan(run_dir)
+        index = scan(RunDir(run_dir))
         assert not index.bad, index.bad  # no fragment, no line run onto another
         kept_first = {
             r["conversations"][1]["value"] for p in run_dir.glob("batch_*.jsonl") for r in ledger_lines(p)
@@ -156,12 +156,12 @@ def test_two_invocations_of_one_run_exactly_one_runs(tmp_path: Path) -> None:
         more = ["--resume", "--max_samples", "10", "--allow_change", "max_samples"]
         both = [start(run_args(path, tmp_path, server, *more)) for _ in range(2)]
         deadline = time.monotonic() + 30
-        while lock_holder(run_dir) is None and time.monotonic() < deadline:
+        while RunDir(run_dir).holder() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        holder = lock_holder(run_dir)
+        holder = RunDir(run_dir).holder()
         assert holder is not None and holder.pid in {p.pid for p in both}
         # a locked run can still be read
-        status = run_status(run_dir, load_plugins())
+        status = run_status(RunDir(run_dir), load_plugins())
         assert status["running"] == str(holder) and status["finished_records"] >= 2
         assert trajkit("stats", str(run_dir)).returncode == 0
         results = {p.pid: (p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in both}
@@ -172,7 +172,7 @@ def test_two_invocations_of_one_run_exactly_one_runs(tmp_path: Path) -> None:
     assert_exactly_once(run_dir, dataset)
     manifest = json.loads((run_dir / "run.json").read_text())
     assert len(manifest["invocations"]) == 2  # the refused invocation wrote nothing
-    assert lock_holder(run_dir) is None
+    assert RunDir(run_dir).holder() is None
 
 
 def test_a_killed_invocation_leaves_no_stale_lock(tmp_path: Path) -> None:
@@ -182,12 +182,12 @@ def test_a_killed_invocation_leaves_no_stale_lock(tmp_path: Path) -> None:
     with OpenAITestServer(dialect_policy, latency=lambda _body: delay[0]) as server:
         process = start(run_args(path, tmp_path, server))
         deadline = time.monotonic() + 30
-        while lock_holder(run_dir) is None and time.monotonic() < deadline:
+        while RunDir(run_dir).holder() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert lock_holder(run_dir) is not None
+        assert RunDir(run_dir).holder() is not None
         process.kill()
         process.wait()
-        assert lock_holder(run_dir) is None
+        assert RunDir(run_dir).holder() is None
         delay[0] = 0.0
         resumed = trajkit(*run_args(path, tmp_path, server, "--resume"))
     assert resumed.returncode == 0, resumed.stderr

@@ -17,6 +17,7 @@ from pathlib import Path
 from tests.helpers import read_jsonl, trajkit, write_jsonl
 from tests.test_resume import run_args
 from trajkit.run.ledger import scan
+from trajkit.run.rundir import RunDir
 from trajkit.testing.openai_server import OpenAITestServer
 from trajkit.testing.policies import dialect_policy
 
@@ -27,7 +28,7 @@ def figures(status: str) -> dict[str, str]:
 
 
 def valid_records(run_dir: Path) -> int:
-    return len(scan(run_dir).records)
+    return len(scan(RunDir(run_dir)).records)
 
 
 def started(args: list[str], log: Path) -> subprocess.Popen[bytes]:

@@ -18,8 +18,8 @@ from tests.helpers import read_jsonl, trajkit, write_jsonl
 from tests.test_resume import run_args, sessions_started
 from tests.test_run_live import started
 from tests.test_run_settings import run_as_printed
-from trajkit.run import recording
-from trajkit.run.rundir import read_spend, spend_path, spent
+from trajkit.run import invocation as invocation_module
+from trajkit.run.rundir import RunDir
 from trajkit.testing.openai_server import OpenAITestServer, tool_script_policy
 from trajkit.testing.policies import dialect_policy
 
@@ -182,22 +182,22 @@ def test_configured_prices_price_an_endpoint_that_reports_no_cost(tmp_path: Path
 def test_a_spend_file_keeps_the_last_whole_line_and_stays_small(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(recording, "SPEND_LINES", 10)
-    path = spend_path(tmp_path, "r-1-2")
+    monkeypatch.setattr(invocation_module, "SPEND_LINES", 10)
+    path = RunDir(tmp_path).spend_path("r-1-2")
     path.parent.mkdir()
-    spend = recording.SpendFile(path)
+    spend = invocation_module.SpendFile(path)
     for answer in range(1, 26):
         assert spend.write(
             {"requests": answer, "prompt_tokens": 100 * answer, "completion_tokens": 0, "cost": 0.5 * answer}
         )
     spend.log.close()
     assert len(path.read_text().splitlines()) <= 10  # rewritten as its last line now and then
-    assert read_spend(tmp_path) == {
+    assert RunDir(tmp_path).spend() == {
         "r-1-2": {"requests": 25, "prompt_tokens": 2500, "completion_tokens": 0, "cost": 12.5}
     }
     with path.open("ab") as handle:
         handle.write(b'{"requests": 26, "prompt_tok')  # a kill in the middle of a line
-    assert read_spend(tmp_path)["r-1-2"]["requests"] == 25
+    assert RunDir(tmp_path).spend()["r-1-2"]["requests"] == 25
     (tmp_path / "spend" / "r-3-4.jsonl").write_text(
         '{"requests": 2, "prompt_tokens": 1, "completion_tokens": 1, "cost": 1.0}\n'
     )
@@ -205,7 +205,7 @@ def test_a_spend_file_keeps_the_last_whole_line_and_stays_small(
         {"run_id": "r-1-2", "model_client": {"requests": 3, "cost": 99.0}},  # its spend file says more
         {"model_client": {"requests": 4, "prompt_tokens": 0, "completion_tokens": 0, "cost": 2.0}},  # served
     ]
-    assert spent(tmp_path, invocations) == {
+    assert RunDir(tmp_path).spent(invocations) == {
         "requests": 31,
         "prompt_tokens": 2501,
         "completion_tokens": 1,

@@ -230,7 +230,8 @@ def run_and_report(config: RunConfig, host: PluginHost) -> int:
     """Run and report; returns the process exit code."""
     from trajkit.model import ModelConfigError
     from trajkit.run.dataset import DatasetError
-    from trajkit.run.rundir import RunIOError, RunLocked
+    from trajkit.run.files import RunIOError
+    from trajkit.run.rundir import RunLocked
     from trajkit.run.runner import EXIT_IO, EXIT_LOCKED, EXIT_USAGE, RunError, Runner
     from trajkit.run.settings import resume_command
     from trajkit.tools import ToolsetError
@@ -516,12 +517,13 @@ def plugins(ctx: click.Context) -> None:
 @click.pass_context
 def status(ctx: click.Context, run_dir: Path) -> None:
     """Where a run stands, from its ledger as it is now: done, rejected, failing, pending, spent."""
-    from trajkit.run.rundir import RunIOError
+    from trajkit.run.files import RunIOError
+    from trajkit.run.rundir import RunDir
     from trajkit.run.runner import EXIT_IO
     from trajkit.run.view import NotARun, run_status
 
     try:
-        summary = run_status(run_dir, load_host(ctx))
+        summary = run_status(RunDir(run_dir), load_host(ctx))
     except NotARun as exc:
         raise click.ClickException(str(exc)) from None
     except (RunIOError, OSError) as exc:

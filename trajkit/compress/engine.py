@@ -27,7 +27,7 @@ from trajkit.compress.metrics import Metrics
 from trajkit.compress.turns import problems
 from trajkit.jsonutil import dumps_line, loads
 from trajkit.record.secrets import Scrubber
-from trajkit.run.rundir import write_atomic
+from trajkit.run.files import write_atomic
 
 log = logging.getLogger("trajkit")
 

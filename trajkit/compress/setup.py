@@ -26,7 +26,8 @@ from trajkit.config.settings import OptionError, build_settings, parse_pairs
 from trajkit.manager import PluginError, PluginHost
 from trajkit.model import ModelClient, ModelError
 from trajkit.record.secrets import Scrubber, environment_secrets
-from trajkit.run.rundir import KEPT_FILE, RunIOError, write_json_atomic
+from trajkit.run.files import RunIOError, write_json_atomic
+from trajkit.run.rundir import RunDir
 
 log = logging.getLogger("trajkit")
 
@@ -38,10 +39,10 @@ class SetupError(ValueError):
 def resolve_input(source: Path) -> Path:
     """A run directory's kept trajectories, or the JSONL file itself."""
     if source.is_dir():
-        kept = source / KEPT_FILE
+        kept = RunDir(source).kept_path
         if not kept.is_file():
             raise SetupError(
-                f"{source} has no {KEPT_FILE}: INPUT must be a run that has been merged at least once, "
+                f"{source} has no {kept.name}: INPUT must be a run that has been merged at least once, "
                 "or a JSONL file"
             )
         return kept

@@ -16,8 +16,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trajkit")
 
-COMPRESSED_FILE = "trajectories.compressed.jsonl"
-
 
 class CompressStep(BaseModel):
     """The run's compression step and the defaults of ``trajkit compress``."""
@@ -89,10 +87,12 @@ async def compress_run(config: RunConfig, host: PluginHost) -> Metrics | None:
 
 def _flags(config: RunConfig) -> dict[str, Any]:
     """What ``trajkit compress RUN_DIR --out RUN_DIR/trajectories.compressed.jsonl`` would be given."""
+    from trajkit.run.rundir import RunDir
+
     step = config.compress
     return {
         "source": config.run_dir,
-        "out": config.run_dir / COMPRESSED_FILE,
+        "out": RunDir(config.run_dir).compressed_path,
         "max_tokens": step.max_tokens,
         "strategy": step.strategy,
         "options": pairs(step.options),

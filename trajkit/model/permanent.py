@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trajkit.jsonutil import dumps_line
-from trajkit.run.ledger import read_jsonl
-from trajkit.run.rundir import FAILURES_FILE
 
 if TYPE_CHECKING:
     from trajkit.config.run_config import RunConfig
+    from trajkit.run.rundir import RunDir
 
 SHOWN_ROWS = 20
 """Rows failed for good that ``status`` and ``stats`` list one by one; the rest are counted."""
@@ -34,7 +32,7 @@ def settings_key(config: RunConfig) -> str:
 
 
 def failed_for_good(
-    run_dir: Path, done: Collection[str] = (), settings: str | None = None
+    run_dir: RunDir, done: Collection[str] = (), settings: str | None = None
 ) -> dict[str, dict[str, Any]]:
     """Work id -> the ``failures.jsonl`` entry that ended it for good, for rows not in ``done``.
 
@@ -43,7 +41,7 @@ def failed_for_good(
     configuration, such as ``trajkit status``) every such last failure counts.
     """
     last: dict[str, dict[str, Any]] = {}
-    for entry in read_jsonl(run_dir / FAILURES_FILE):
+    for entry in run_dir.failures():
         work_id = entry.get("work_id")
         if isinstance(work_id, str):
             last[work_id] = entry

@@ -107,7 +107,8 @@ def run_server(config: RunConfig, settings: Any, host: Any) -> int:
     """Serve until stopped; returns the exit code."""
     from trajkit.manager import PluginError
     from trajkit.model import ModelConfigError
-    from trajkit.run.rundir import RunIOError, RunLocked
+    from trajkit.run.files import RunIOError
+    from trajkit.run.rundir import RunLocked
     from trajkit.run.runner import RunError
     from trajkit.serve.app import serve_until_stopped
     from trajkit.serve.service import ServedAgent

@@ -11,7 +11,6 @@ import logging
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from trajkit.jsonutil import dumps_line
@@ -19,22 +18,9 @@ from trajkit.model.permanent import SHOWN_ROWS
 from trajkit.record.filters import Record, TrajectoryFilter
 from trajkit.record.writers import OutputWriter
 from trajkit.run.dataset import WorkItem
-from trajkit.run.ledger import LedgerIndex, Location, RecordReader, read_jsonl
-from trajkit.run.rundir import (
-    CHECKPOINT_FILE,
-    FAILURES_FILE,
-    MANIFEST_FILE,
-    REJECTED_FILE,
-    STATISTICS_FILE,
-    atomic_replace,
-    batch_files,
-    ledger_state,
-    spent,
-    summed,
-    write_checkpoint,
-    write_statistics,
-)
-from trajkit.tools.catalog import read_tool_schemas
+from trajkit.run.files import atomic_replace
+from trajkit.run.ledger import LedgerIndex, Location, RecordReader
+from trajkit.run.rundir import RunDir, summed
 
 log = logging.getLogger("trajkit")
 
@@ -196,23 +182,19 @@ def _ratio(part: int, whole: int) -> float | None:
 
 
 def finalize(
-    run_dir: Path,
+    run_dir: RunDir,
     paired: list[tuple[WorkItem, Location | None]],
     index: LedgerIndex,
     filters: Sequence[TrajectoryFilter],
     writers: Sequence[OutputWriter],
     run_tools: list[str],
-    out_dir: Path | None = None,
+    out_dir: RunDir | None = None,
 ) -> dict[str, Any]:
     """Write every writer's output and ``rejected.jsonl`` into ``out_dir`` (the run directory by
     default); return the record statistics. Without writers nothing is written: only counted."""
     out = out_dir or run_dir
-    # Temporary files of a merge that a crash cut short; only the merge's own: `trajkit export`
-    # may be writing its output in the run directory right now.
-    ours = [w.filename for w in writers] + [REJECTED_FILE, STATISTICS_FILE, CHECKPOINT_FILE, MANIFEST_FILE]
-    for name in ours if writers else ():
-        for leftover in out.glob(f".{name}.*"):
-            leftover.unlink(missing_ok=True)
+    if writers:
+        out.remove_merge_temporaries([w.filename for w in writers])
     offer_tool_schemas(writers, run_dir)
     done = [(item, location) for item, location in paired if location is not None]
     reader = RecordReader(index)
@@ -233,7 +215,7 @@ def finalize(
                 tally.add(record, reason)
             return tally.as_dict()
         with (
-            atomic_replace(out / REJECTED_FILE) as rejected_path,
+            atomic_replace(out.rejected_path) as rejected_path,
             rejected_path.open("wb") as rejected_out,
         ):
 
@@ -251,35 +233,35 @@ def finalize(
                         rejected_out.write(dumps_line({**line, "record": record}))
 
             first, *others = writers
-            with atomic_replace(out / first.filename) as path:
+            with atomic_replace(out.output_path(first.filename)) as path:
                 first.write(kept(), path)
             for writer in others:
-                with atomic_replace(out / writer.filename) as path:
+                with atomic_replace(out.output_path(writer.filename)) as path:
                     writer.write((r for r, reason in records() if reason is None), path)
     finally:
         reader.close()
     return tally.as_dict()
 
 
-def offer_tool_schemas(writers: Sequence[OutputWriter], run_dir: Path) -> None:
+def offer_tool_schemas(writers: Sequence[OutputWriter], run_dir: RunDir) -> None:
     """Hand the run's saved tool schemas (``tools.json``) to the writers that render them, so
     they write what the model saw without loading plugins; the file is read only for those."""
     saved = None
     for writer in writers:
         if writer.renders_tools:
-            saved = read_tool_schemas(run_dir) if saved is None else saved
+            saved = run_dir.tool_schemas() if saved is None else saved
             writer.use_tool_schemas(saved)
 
 
 def merge_run(
-    run_dir: Path,
+    run_dir: RunDir,
     paired: list[tuple[WorkItem, Location | None]],
     index: LedgerIndex,
     filters: Sequence[TrajectoryFilter],
     writers: Sequence[OutputWriter],
     run_tools: list[str],
     manifest: dict[str, Any],
-    out_dir: Path | None = None,
+    out_dir: RunDir | None = None,
     settled: Mapping[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The merge, then ``statistics.json`` and ``checkpoint.json``, all from the ledger; returns the
@@ -288,7 +270,7 @@ def merge_run(
     it must not write) and no checkpoint is written; without writers nothing is written at all:
     the statistics of the ledger as it stands are only counted. ``settled``: the rows failed for
     good (:func:`trajkit.model.permanent.failed_for_good`), neither done nor pending."""
-    state = ledger_state(run_dir)  # before reading: a run going on may add to it meanwhile
+    state = run_dir.ledger_state()  # before reading: a run going on may add to it meanwhile
     for bad in index.bad if writers else ():
         log.warning("ledger line skipped, its prompt runs again: %s", bad)
     missing = {item.work_id for item, location in paired if location is None}
@@ -296,7 +278,7 @@ def merge_run(
     pending = missing - set(final)
     records = finalize(run_dir, paired, index, filters, writers, run_tools, out_dir)
     invocations = manifest.get("invocations") or []
-    spend = spent(run_dir, invocations)
+    spend = run_dir.spent(invocations)
     statistics = {
         "run_name": manifest.get("run_name"),
         "dataset_rows": len({item.index for item, _ in paired}),
@@ -317,18 +299,17 @@ def merge_run(
     }
     if not writers:
         return statistics
-    write_statistics(out_dir or run_dir, statistics)
+    (out_dir or run_dir).write_statistics(statistics)
     if out_dir is None:
         config = manifest.get("config") or {}
-        write_checkpoint(
-            run_dir,
+        run_dir.write_checkpoint(
             {
                 "run_name": manifest.get("run_name"),
                 "dataset_file": config.get("dataset_file"),
                 "done": statistics["done"],
                 "pending": sorted(pending),
-                "ledger_files": [path.name for _, path in batch_files(run_dir)],
-                "outputs": [w.filename for w in writers] + [REJECTED_FILE],
+                "ledger_files": [path.name for _, path in run_dir.batch_files()],
+                "outputs": [w.filename for w in writers] + [run_dir.rejected_path.name],
             },
         )
     return statistics
@@ -346,14 +327,14 @@ def _samples_per_prompt(paired: list[tuple[WorkItem, Location | None]]) -> int:
 
 
 def failure_summary(
-    run_dir: Path, pending_work: set[str], final: Mapping[str, dict[str, Any]] | None = None
+    run_dir: RunDir, pending_work: set[str], final: Mapping[str, dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """Failures across invocations: every attempt by class, the rows still failing (pending, tried
     again by a resume) and those failed for good (``final``), the first of them one by one."""
     final = final or {}
     attempts: Counter[str] = Counter()
     last_error: dict[str, str] = {}
-    for entry in read_jsonl(run_dir / FAILURES_FILE):
+    for entry in run_dir.failures():
         attempts[entry.get("error_class", "unknown")] += 1
         last_error[entry.get("work_id", "")] = entry.get("error_class", "unknown")
     still_failing = Counter(cls for work, cls in last_error.items() if work in pending_work)

@@ -25,12 +25,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from trajkit.jsonutil import dumps_line, loads
 from trajkit.record.schema import record_problem
 from trajkit.run.dataset import PlannedRow, WorkItem
-from trajkit.run.rundir import batch_files, batch_path
+
+if TYPE_CHECKING:
+    from trajkit.run.rundir import RunDir
 
 log = logging.getLogger("trajkit")
 
@@ -66,14 +68,14 @@ class LedgerIndex:
     paths: dict[int, Path] = field(default_factory=dict)
 
 
-def scan(run_dir: Path, known: LedgerIndex | None = None) -> LedgerIndex:
+def scan(run_dir: RunDir, known: LedgerIndex | None = None) -> LedgerIndex:
     """Index the whole ledger, streaming: memory holds the index, never the records.
 
     With ``known`` (an index of this run directory made earlier), only the batch files it has not
     seen are read and added to it: an invocation only ever appends to batch files of its own.
     """
     index = known if known is not None else LedgerIndex()
-    for number, path in batch_files(run_dir):
+    for number, path in run_dir.batch_files():
         if number in index.paths:
             continue
         index.paths[number] = path
@@ -318,13 +320,13 @@ def _in_background(work: Callable[[], None]) -> Future[None]:
 class LedgerWriter:
     """Appends records to batch files of ``batch_size`` lines, starting after existing ones."""
 
-    def __init__(self, run_dir: Path, batch_size: int) -> None:
-        existing = batch_files(run_dir)
+    def __init__(self, run_dir: RunDir, batch_size: int) -> None:
+        existing = run_dir.batch_files()
         self.run_dir = run_dir
         self.batch_size = batch_size
         self.batch = existing[-1][0] + 1 if existing else 0
         self.lines_in_batch = 0
-        self.log = AppendLog(batch_path(run_dir, self.batch))
+        self.log = AppendLog(run_dir.batch_path(self.batch))
         self.closing: list[Future[None]] = []
         """Full batch files being fsynced and closed on the fsync thread."""
 
@@ -345,7 +347,7 @@ class LedgerWriter:
                 self.closing.append(closing)
             self.batch += 1
             self.lines_in_batch = 0
-            self.log = AppendLog(batch_path(self.run_dir, self.batch))
+            self.log = AppendLog(self.run_dir.batch_path(self.batch))
         self.lines_in_batch += 1
         return self.log.append(record)
 

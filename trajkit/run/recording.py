@@ -20,25 +20,18 @@ from typing import Any
 
 from trajkit.config.run_config import RunConfig
 from trajkit.hookspecs import RunInfo
-from trajkit.jsonutil import dumps_line
 from trajkit.manager import PluginHost
 from trajkit.model.permanent import settings_key
 from trajkit.record.filters import TrajectoryFilter
 from trajkit.record.secrets import Scrubber
 from trajkit.run.dataset import WorkItem
 from trajkit.run.executor import Executor, Failed, Finished, Outcome, WorkOrder
+from trajkit.run.files import RunIOError
 from trajkit.run.finalize import rejection
+from trajkit.run.invocation import Invocation, SpendFile
 from trajkit.run.ledger import AppendLog, LedgerWriter, write_held
 from trajkit.run.progress import Counters, Reporter
-from trajkit.run.rundir import (
-    FAILURES_FILE,
-    SPEND_KEYS,
-    TOOLS_FILE,
-    Manifest,
-    RunIOError,
-    spend_path,
-    write_atomic,
-)
+from trajkit.run.rundir import SPEND_KEYS, Manifest
 from trajkit.tools.catalog import ToolCatalog
 
 log = logging.getLogger("trajkit")
@@ -58,40 +51,6 @@ class Earlier:
 
     spend: Mapping[str, float]
     attempts: int
-
-
-SPEND_LINES = 10_000
-"""Lines a spend file grows to before it is rewritten as its last line alone."""
-
-
-class SpendFile:
-    """The invocation's spend file: a line of its spend so far as each model answer arrives.
-
-    Only the last whole line counts, so the lines the disk refused are replaced by the newest, and
-    now and then the file is rewritten as its last line alone (atomically: a kill meanwhile leaves
-    the old file or the new one, each ending in the spend so far)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.log = AppendLog(path)
-        self.lines = 0
-
-    def write(self, spend: Mapping[str, float]) -> bool:
-        """Save ``spend``; False when the disk refused it (it is held: :attr:`log`)."""
-        self.log.unwritten.clear()  # held lines are older spend: the newest says all they said
-        if self.lines >= SPEND_LINES:
-            try:
-                self.log.close()
-                write_atomic(self.path, dumps_line(dict(spend)).decode())
-            except (OSError, RunIOError):
-                pass  # the file as it was, appended to: a longer file, nothing lost
-            else:
-                self.lines = 1
-                self.log = AppendLog(self.path)
-                return True
-            self.log = AppendLog(self.path)
-        self.lines += 1
-        return self.log.append(dict(spend))
 
 
 class DriverView:
@@ -160,20 +119,17 @@ class RunRecorder:
         self.spend_file: SpendFile | None = None
         self.tools: ToolCatalog
 
-    def open(self, work: list[WorkOrder]) -> None:
-        run_dir = self.config.run_dir
+    def open(self, work: list[WorkOrder], invocation: Invocation) -> None:
+        """Record ``work`` into the run directory ``invocation`` holds (its ledger, its tools
+        catalogue), with the failure log and this invocation's spend file."""
+        run_dir = invocation.run_dir
         self.items = {order.work_id: order.item for order in work}
         self.counters.total = len(work)
         self.counters.cost = self.cost()
-        self.tools = ToolCatalog(run_dir)
-        self.ledger = LedgerWriter(run_dir, self.config.batch_size)
-        self.failures = AppendLog(run_dir / FAILURES_FILE)
-        path = spend_path(run_dir, self.run_id)
-        try:
-            path.parent.mkdir(exist_ok=True)
-        except OSError as exc:
-            raise RunIOError(path.parent, exc) from None
-        self.spend_file = SpendFile(path)
+        self.tools = invocation.catalog
+        self.ledger = invocation.ledger
+        self.failures = run_dir.failure_log()
+        self.spend_file = run_dir.spend_file(self.run_id)
 
     # -- the driver --------------------------------------------------------------------------------
 
@@ -374,7 +330,9 @@ class RunRecorder:
             try:
                 self.tools.flush()
             except RunIOError as exc:
-                log.error("%s: the tool schemas of some records are not saved (%s)", TOOLS_FILE, exc)
+                log.error(
+                    "%s: the tool schemas of some records are not saved (%s)", self.tools.path.name, exc
+                )
         for log_ in logs:
             try:
                 log_.close()
@@ -393,16 +351,14 @@ class RunRecorder:
         }
 
 
-def record_invocation_start(
+def invocation_entry(
     manifest: Manifest,
-    config: RunConfig,
-    host: PluginHost,
     entry: dict[str, Any],
     changes: Mapping[str, list[Any]],
     offer: dict[str, Any] | None = None,
-) -> None:
-    """The invocation in ``run.json``: its settings (the run's from now on), the output-shaping
-    settings it changed (``--allow_change``), its plugins, and the toolsets the run can offer
+) -> dict[str, Any]:
+    """The run's invocation as ``run.json`` notes it (:meth:`Invocation.begin`): ``entry``, the
+    output-shaping settings it changed (``--allow_change``) and the toolsets the run can offer
     (``offer``: what :meth:`~trajkit.tools.offer.Offer.record` gives; a change since the last is said)."""
     if offer is not None:
         entry = {**entry, "offer": offer}
@@ -412,23 +368,17 @@ def record_invocation_start(
                 "resuming with the toolsets drawn changed from %s to %s: the dataset will mix both",
                 before["probabilities"], offer["probabilities"],
             )  # fmt: skip
-    plugins = dict(sorted(host.sources.items()))
-    entry = {**entry, "allowed_changes": sorted(changes)} if changes else entry
-    manifest.start(config.manifest(), plugins, entry, changes)
+    return {**entry, "allowed_changes": sorted(changes)} if changes else entry
 
 
-def record_invocation_end(
-    manifest: Manifest, recorder: RunRecorder, started: datetime, client_statistics: dict[str, Any]
+async def end_invocation(
+    invocation: Invocation, recorder: RunRecorder, client_statistics: dict[str, Any]
 ) -> None:
-    ended = datetime.now(UTC)
+    """The invocation's final entry in ``run.json``; after a disk error, not being able to write it
+    is said, not raised (the disk error is said once, by the runner)."""
     try:
-        manifest.update(
-            ended=ended.isoformat(),
-            wall_seconds=round((ended - started).total_seconds(), 3),
-            stop_reason=recorder.stop_reason,
-            **recorder.progress(client_statistics),
-        )
+        await invocation.end(recorder.stop_reason, recorder.progress(client_statistics))
     except RunIOError as exc:
         if recorder.io_error is None:
             raise
-        log.error("%s (run.json not updated)", exc)  # the disk error is said once, below
+        log.error("%s (run.json not updated)", exc)

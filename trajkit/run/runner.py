@@ -18,16 +18,12 @@ import contextlib
 import gc
 import logging
 import os
-import shutil
 import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from trajkit import __version__
 from trajkit.compress import step as compress_step
 from trajkit.config.run_config import RunConfig
 from trajkit.hookspecs import RunInfo
@@ -39,7 +35,8 @@ from trajkit.run.attempt import SessionFailure
 from trajkit.run.dataset import RowError, WorkItem
 from trajkit.run.executor import Executor, SessionPlan, WorkOrder
 from trajkit.run.finalize import merge_run
-from trajkit.run.ledger import LedgerIndex, Location, read_jsonl, scan
+from trajkit.run.invocation import Invocation
+from trajkit.run.ledger import LedgerIndex, Location, scan
 from trajkit.run.plan import RunError, Work
 from trajkit.run.progress import Reporter
 from trajkit.run.recording import (
@@ -47,21 +44,10 @@ from trajkit.run.recording import (
     DriverView,
     Earlier,
     RunRecorder,
-    record_invocation_end,
-    record_invocation_start,
+    end_invocation,
+    invocation_entry,
 )
-from trajkit.run.rundir import (
-    FAILURES_FILE,
-    LOCK_FILE,
-    SPEND_DIR,
-    Manifest,
-    ManifestKeeper,
-    RunLock,
-    RunLocked,
-    holds_a_run,
-    lock_holder,
-    spent,
-)
+from trajkit.run.rundir import Manifest, RunDir, RunLocked
 from trajkit.run.settings import resume_command, settings_for
 
 __all__ = [
@@ -113,7 +99,7 @@ class Runner:
 
     def __init__(self, config: RunConfig, host: PluginHost) -> None:
         if config.resume:  # the run's settings are read next: not while another invocation changes them
-            self._check_not_held(config.run_dir)
+            self._check_not_held(RunDir(config.run_dir))
         config, self.changes = settings_for(config, host)
         self.offer = plan.offer(config, host)
         if not self.offer.fixed and config.distribution is None:
@@ -121,8 +107,8 @@ class Runner:
             config = config.model_copy(update={"distribution": self.offer.requested.name})
         self.config = config
         self.host = host
-        self.run_dir = config.run_dir
-        self.info = RunInfo(config.run_name, self.run_dir, config)
+        self.run_dir = RunDir(config.run_dir)
+        self.info = RunInfo(config.run_name, config.run_dir, config)
         self.distribution = self.offer.distribution
         self.run_tools = plan.run_tools(self.distribution, host)
         self.filters = plan.filters(config, host)
@@ -130,8 +116,7 @@ class Runner:
         self.client_class = host.model_client(config.model)  # an unknown model: an error before any row
         self.executor_class = host.executor(config.executor)
         check_backend_names(config, host)  # a misspelt --sandbox is one error, not one per row
-        self.lock = RunLock(self.run_dir)
-        self.manifest: Manifest
+        self.invocation = Invocation(self.run_dir, config.run_name)
         self.interrupted = False
         self.stopping_sessions = False
         """The sessions in flight are being stopped (Ctrl-C, or ``--max_cost_policy stop``)."""
@@ -141,6 +126,10 @@ class Runner:
         self.executor: Executor | None = None
         self.execution: asyncio.Future[None] | None = None
         """The executor's task while it runs the sessions (cancelled by SIGINT/SIGTERM)."""
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.invocation.manifest
 
     @property
     def stop_reason(self) -> str | None:
@@ -170,7 +159,7 @@ class Runner:
             try:
                 return await self._run(work)
             finally:
-                self.lock.release()
+                self.invocation.release()
         finally:
             await self._close_executor()
 
@@ -180,8 +169,8 @@ class Runner:
             await executor.aclose()
 
     @staticmethod
-    def _check_not_held(run_dir: Path) -> None:
-        holder = lock_holder(run_dir)
+    def _check_not_held(run_dir: RunDir) -> None:
+        holder = run_dir.holder()
         if holder is not None:
             raise RunLocked(run_dir, holder)
 
@@ -189,7 +178,7 @@ class Runner:
         """What can be told of the run directory without writing: held by another invocation, or
         holding a run that this invocation would neither continue nor replace."""
         self._check_not_held(self.run_dir)
-        if holds_a_run(self.run_dir) and not (self.config.resume or self.config.overwrite):
+        if self.run_dir.holds_a_run() and not (self.config.resume or self.config.overwrite):
             raise RunError(
                 f"{self.run_dir} already holds a run: continue it with `{self.resume_command()}`, "
                 "or pass --overwrite to start over"
@@ -209,22 +198,20 @@ class Runner:
     def _take_run_dir(self) -> None:
         """Hold the run directory (made now if new) before anything is written in it (or deleted
         by --overwrite); note the run's settings in run.json."""
-        run_dir = self.run_dir
-        self.lock.take()
-        self._check_run_dir_held()
-        if self.config.overwrite:
-            for path in run_dir.iterdir():
-                if path.is_file() and path.name != LOCK_FILE:
-                    path.unlink()
-            shutil.rmtree(run_dir / SPEND_DIR, ignore_errors=True)
-        self.manifest = Manifest(run_dir, self.config.run_name, __version__)
+
+        def before_reading() -> None:
+            self._check_run_dir_held()
+            if self.config.overwrite:
+                self.run_dir.clear()
+
+        self.invocation.hold(before_reading)
         if self.manifest.data.get("config") is None:  # a new run, or a damaged run.json rebuilt
             self.manifest.data["config"] = self.config.manifest()
             self.manifest.save()
 
     def _check_run_dir_held(self) -> None:
         """Another invocation may have made the run between the first look and the lock."""
-        if holds_a_run(self.run_dir) and not (self.config.resume or self.config.overwrite):
+        if self.run_dir.holds_a_run() and not (self.config.resume or self.config.overwrite):
             raise RunError(f"{self.run_dir} already holds a run: continue it with `{self.resume_command()}`")
 
     def _pending(
@@ -247,14 +234,12 @@ class Runner:
             )
         executor = self.executor
         if pending and executor is not None:
-            started = datetime.now(UTC)
-            entry = {"started": started.isoformat(), "pending_at_start": len(pending), "run_id": self.run_id}
-            offer = self.offer.record()
-            record_invocation_start(self.manifest, self.config, self.host, entry, self.changes, offer)
-            recorder = await self._execute(executor, pending, index)
+            entry = {"pending_at_start": len(pending), "run_id": self.run_id}
+            entry = invocation_entry(self.manifest, entry, self.changes, self.offer.record())
+            recorder = await self._execute(executor, pending, index, entry)
             client_statistics = executor.statistics()
             await self._close_executor()
-            record_invocation_end(self.manifest, recorder, started, client_statistics)
+            await end_invocation(self.invocation, recorder, client_statistics)
             if recorder.io_error is not None:
                 raise recorder.io_error  # no merge on a disk that refuses writes: the resume merges
             index = scan(self.run_dir, index)  # add what this invocation wrote, then plan the merge
@@ -304,27 +289,37 @@ class Runner:
             key_variables=self.host.model_client(self.config.model).key_variables,
         )
 
-    async def _execute(self, executor: Executor, pending: list[WorkOrder], index: LedgerIndex) -> RunRecorder:
-        """Hand the pending work to the started executor and record what it hands back."""
+    async def _execute(
+        self, executor: Executor, pending: list[WorkOrder], index: LedgerIndex, entry: dict[str, Any]
+    ) -> RunRecorder:
+        """Start the invocation's entry in run.json (``entry``), hand the pending work to the
+        started executor and record what it hands back."""
         earlier = Earlier(
-            spent(self.run_dir, self.manifest.invocations[:-1]),
-            len(index.records) + sum(1 for _ in read_jsonl(self.run_dir / FAILURES_FILE)),
+            self.run_dir.spent(self.manifest.invocations),
+            len(index.records) + sum(1 for _ in self.run_dir.failures()),
         )
         recorder = RunRecorder(
             self.config, self.host, self.filters, self.scrubber, executor, self.run_id, earlier
         )
         recorder.stop_sessions = self._stop_sessions
         self.recorder = recorder
+
+        def progress() -> dict[str, Any]:
+            return recorder.progress(executor.statistics())
+
         with self._signals(asyncio.get_running_loop(), recorder):
-            recorder.open(pending)
-            self.host.run_start(self.info, len(pending))
-            await self._run_sessions(executor, pending, recorder)
+            try:
+                self.invocation.begin(self.config, self.host, entry, self.changes, progress)
+                recorder.open(pending, self.invocation)
+                self.host.run_start(self.info, len(pending))
+                await self._run_sessions(executor, pending, recorder)
+            finally:
+                await self.invocation.stop_keeping()
         return recorder
 
     async def _run_sessions(
         self, executor: Executor, pending: list[WorkOrder], recorder: RunRecorder
     ) -> None:
-        keeper = ManifestKeeper(self.manifest, lambda: recorder.progress(executor.statistics()))
         # Everything made so far (modules, plugins, the plan with an object per dataset row) lives
         # through the sessions; frozen, full collections stop re-scanning it while sessions allocate.
         gc.freeze()
@@ -342,7 +337,7 @@ class Runner:
                         raise
         finally:
             gc.unfreeze()
-            await keeper.stop()
+            await self.invocation.stop_keeping()
             await recorder.close()
 
     def _stop_sessions(self) -> None:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from trajkit.config.resolve import CONCERNS, ConfigurationError, plugin_classes, resolve
 from trajkit.config.run_config import FINGERPRINTED, PER_INVOCATION, RunConfig
 from trajkit.run.plan import RunError
-from trajkit.run.rundir import MANIFEST_FILE, holds_a_run, read_run_json
+from trajkit.run.rundir import RunDir
 
 if TYPE_CHECKING:
     from trajkit.manager import PluginHost
@@ -45,9 +45,9 @@ FILTER_SECTION = "filter_options"
 """Every setting of a filter decides what is kept: all of them shape the output."""
 
 
-def saved_settings(run_dir: Path) -> dict[str, Any] | None:
+def saved_settings(run_dir: RunDir) -> dict[str, Any] | None:
     """The settings the run in ``run_dir`` was made with (run.json's ``config``), or None."""
-    manifest = read_run_json(run_dir, "the run's settings must be given again")
+    manifest = run_dir.run_json("the run's settings must be given again")
     config = manifest.get("config") if manifest is not None else None
     return config if isinstance(config, dict) else None
 
@@ -60,13 +60,13 @@ def settings_for(config: RunConfig, host: PluginHost) -> tuple[RunConfig, Change
     come first and what was given (the set fields of ``config``) overrides them."""
     if not config.resume:
         return config, {}
-    run_dir = config.run_dir
+    run_dir = RunDir(config.run_dir)
     saved = saved_settings(run_dir)
     if saved is None:
-        if holds_a_run(run_dir):
+        if run_dir.holds_a_run():
             log.warning("%s: no settings of the run are saved: it continues with those given", run_dir)
         return _complete(config), {}
-    merged, places = merged_settings(saved, given_of(config), host, run_dir / MANIFEST_FILE)
+    merged, places = merged_settings(saved, given_of(config), host, run_dir.manifest_path)
     merged.update(resume=True, output_dir=config.output_dir, run_name=config.run_name)
     try:
         resumed = resolve(host, merged, places)

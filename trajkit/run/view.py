@@ -30,18 +30,7 @@ from trajkit.run import plan
 from trajkit.run.dataset import DatasetError, WorkItem
 from trajkit.run.finalize import merge_run
 from trajkit.run.ledger import BadLine, LedgerIndex, Location, in_ledger_order, scan
-from trajkit.run.rundir import (
-    KEPT_FILE,
-    MANIFEST_FILE,
-    Holder,
-    batch_files,
-    holds_a_run,
-    ledger_state,
-    lock_holder,
-    read_run_json,
-    read_statistics,
-    spent,
-)
+from trajkit.run.rundir import Holder, RunDir
 from trajkit.run.settings import merged_settings
 
 if TYPE_CHECKING:
@@ -57,7 +46,7 @@ class RunState:
     """What a reader knows of a run directory: its files and, where they can be had, the run's
     settings and dataset."""
 
-    run_dir: Path
+    run_dir: RunDir
     manifest: dict[str, Any]
     holder: Holder | None
     index: LedgerIndex
@@ -83,22 +72,24 @@ class NotARun(ValueError):
     """The directory holds no run: no ``run.json``, no ledger."""
 
 
-def read_run(run_dir: Path, host: PluginHost) -> RunState:
+def read_run(run_dir: RunDir, host: PluginHost) -> RunState:
     """The run directory's state, from its files alone (a run going on included)."""
-    if not any((run_dir / name).exists() for name in (MANIFEST_FILE, KEPT_FILE)) and not holds_a_run(run_dir):
-        raise NotARun(f"{run_dir} is not a trajkit run directory (no {MANIFEST_FILE}, no ledger)")
-    manifest = read_run_json(run_dir, "reading the run without it")
+    if not run_dir.is_a_run():
+        raise NotARun(
+            f"{run_dir} is not a trajkit run directory (no {run_dir.manifest_path.name}, no ledger)"
+        )
+    manifest = run_dir.run_json("reading the run without it")
     manifest = manifest or {}
-    holder = lock_holder(run_dir)
+    holder = run_dir.holder()
     index = scan(run_dir)
     if holder is not None:
         index.bad = _without_line_being_written(run_dir, index.bad)
-    statistics = read_statistics(run_dir)
+    statistics = run_dir.statistics()
     last_merge = (
         statistics
         if holder is None
         and statistics is not None
-        and statistics.get("ledger_state") == ledger_state(run_dir)
+        and statistics.get("ledger_state") == run_dir.ledger_state()
         else None
     )
     config, problem = _settings(run_dir, manifest, host)
@@ -118,13 +109,13 @@ def read_run(run_dir: Path, host: PluginHost) -> RunState:
 
 
 def _settings(
-    run_dir: Path, manifest: dict[str, Any], host: PluginHost
+    run_dir: RunDir, manifest: dict[str, Any], host: PluginHost
 ) -> tuple[RunConfig | None, str | None]:
     saved = manifest.get("config")
     if not isinstance(saved, dict):
-        return None, f"{run_dir / MANIFEST_FILE} holds no settings of the run"
-    merged, places = merged_settings(saved, {}, host, run_dir / MANIFEST_FILE)
-    merged.update(output_dir=run_dir.parent, run_name=run_dir.name)
+        return None, f"{run_dir.manifest_path} holds no settings of the run"
+    merged, places = merged_settings(saved, {}, host, run_dir.manifest_path)
+    merged.update(output_dir=run_dir.path.parent, run_name=run_dir.name)
     try:
         return resolve(host, merged, places), None
     except (ConfigurationError, ValueError) as exc:
@@ -137,9 +128,9 @@ def _work(config: RunConfig, host: PluginHost, index: LedgerIndex) -> Paired:
     return plan.read_work(config, host, quiet=True).pending(index)[0]
 
 
-def _without_line_being_written(run_dir: Path, bad: list[BadLine]) -> list[BadLine]:
+def _without_line_being_written(run_dir: RunDir, bad: list[BadLine]) -> list[BadLine]:
     """A run going on may be writing the last line of its last ledger file right now."""
-    files = batch_files(run_dir)
+    files = run_dir.batch_files()
     last = files[-1][1] if files else None
     return [
         line for line in bad if not (line.path == last and line.problem.startswith("incomplete last line"))
@@ -166,7 +157,7 @@ def statistics_of(state: RunState) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def current_outputs(state: RunState, host: PluginHost) -> Iterator[tuple[Path, dict[str, Any] | None]]:
+def current_outputs(state: RunState, host: PluginHost) -> Iterator[tuple[RunDir, dict[str, Any] | None]]:
     """A directory holding ``trajectories.jsonl``, ``rejected.jsonl`` and ``statistics.json`` made
     from the ledger as it is now, and those statistics: the run directory itself when its last
     merge is current, else a temporary directory merged from the ledger (removed afterwards).
@@ -177,17 +168,18 @@ def current_outputs(state: RunState, host: PluginHost) -> Iterator[tuple[Path, d
         return
     writer = _kept_writer(state, host)
     if state.paired is None or writer is None:
-        if not holds_a_run(state.run_dir):  # the outputs of a run, copied without their ledger
-            yield state.run_dir, read_statistics(state.run_dir)
+        if not state.run_dir.holds_a_run():  # the outputs of a run, copied without their ledger
+            yield state.run_dir, state.run_dir.statistics()
             return
         log.warning(
             "%s: the figures are those of the run's last merge, not of its ledger now: %s",
             state.run_dir,
-            state.problem or f"no installed writer makes {KEPT_FILE}",
+            state.problem or f"no installed writer makes {state.run_dir.kept_path.name}",
         )
-        yield state.run_dir, read_statistics(state.run_dir)
+        yield state.run_dir, state.run_dir.statistics()
         return
-    with tempfile.TemporaryDirectory(prefix="trajkit-view-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="trajkit-view-") as directory:
+        scratch = RunDir(Path(directory))
         statistics = merge_run(
             state.run_dir,
             state.paired,
@@ -196,22 +188,22 @@ def current_outputs(state: RunState, host: PluginHost) -> Iterator[tuple[Path, d
             [writer],
             state.run_tools,
             state.manifest,
-            out_dir=Path(scratch),
+            out_dir=scratch,
             settled=state.settled,
         )
-        yield Path(scratch), statistics
+        yield scratch, statistics
 
 
 def _kept_writer(state: RunState, host: PluginHost) -> OutputWriter | None:
     for name, cls in host.writers.items():
-        if cls.filename == KEPT_FILE:
+        if state.run_dir.output_path(cls.filename) == state.run_dir.kept_path:
             options = state.config.writer_options.get(name) if state.config is not None else None
             writer: OutputWriter = cls(options)
             return writer
     return None
 
 
-def run_status(run_dir: Path, host: PluginHost) -> dict[str, Any]:
+def run_status(run_dir: RunDir, host: PluginHost) -> dict[str, Any]:
     """Where a run stands (for ``trajkit status``), from the ledger as it is now: during a run, after
     any kill and after a disk error alike. Figures that need the run's settings or its dataset are
     None when those cannot be read (``note`` says why)."""
@@ -235,7 +227,7 @@ def run_status(run_dir: Path, host: PluginHost) -> dict[str, Any]:
         "failed_for_good": statistics.get("failed_for_good", len(state.settled)),
         "bad_ledger_lines": len(state.index.bad),
         "invocations": len(invocations) if state.manifest else None,
-        "spent": spent(run_dir, invocations)["cost"],
+        "spent": run_dir.spent(invocations)["cost"],
         "note": None if statistics else state.problem,
         "problems": [str(bad) for bad in state.index.bad],
         "failed_for_good_rows": describe(state.settled),

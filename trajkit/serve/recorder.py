@@ -18,10 +18,8 @@ import copy
 import logging
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from trajkit import __version__
 from trajkit.agent import ConversationResult
 from trajkit.config.run_config import RunConfig
 from trajkit.hookspecs import RunInfo
@@ -33,11 +31,13 @@ from trajkit.record.secrets import Scrubber
 from trajkit.record.trajectory import record_json
 from trajkit.record.writers import OutputWriter
 from trajkit.run.dataset import prompt_id
+from trajkit.run.files import RunIOError
 from trajkit.run.finalize import merge_run, rejection
-from trajkit.run.ledger import SERVED, LedgerIndex, LedgerWriter, in_ledger_order, scan
-from trajkit.run.rundir import Manifest, ManifestKeeper, RunIOError, RunLock
+from trajkit.run.invocation import Invocation
+from trajkit.run.ledger import SERVED, LedgerIndex, in_ledger_order, scan
+from trajkit.run.rundir import RunDir
 from trajkit.run.settings import changed_settings
-from trajkit.tools.catalog import ToolCatalog, tool_schemas_key
+from trajkit.tools.catalog import tool_schemas_key
 
 log = logging.getLogger("trajkit")
 
@@ -56,24 +56,20 @@ class Recorder:
         merge_interval: float,
     ) -> None:
         self.config = config
-        self.run_dir: Path = config.run_dir
+        self.run_dir = RunDir(config.run_dir)
         self.run_tools = run_tools
         self.filters = filters
         self.writers = writers
         self.scrubber = scrubber
         self.merge_interval = merge_interval
-        self.lock = RunLock(self.run_dir)
+        self.invocation = Invocation(self.run_dir, config.run_name)
         self.index = LedgerIndex()
         self.occurrences: dict[str, int] = {}
         self.recorded = 0
         self.rejected = 0
         self.unmerged = 0
-        self.started = datetime.now(UTC)
-        self.info = RunInfo(config.run_name, self.run_dir, config)
+        self.info = RunInfo(config.run_name, config.run_dir, config)
         self.host: PluginHost | None = None
-        self.ledger: LedgerWriter
-        self.manifest: Manifest
-        self.keeper: ManifestKeeper | None = None
         self.merger: asyncio.Task[None] | None = None
         self.stopping = asyncio.Event()
         self.statistics: dict[str, Any] = {}
@@ -84,31 +80,26 @@ class Recorder:
         ledger for what was recorded before. Must run on the server's event loop."""
         self.host = host
         self.client_statistics = client_statistics
-        self.lock.take()
+        manifest = self.invocation.hold()
         try:
-            self.manifest = Manifest(self.run_dir, self.config.run_name, __version__)
-            earlier = self.manifest.data.get("config") or {}
+            earlier = manifest.data.get("config") or {}
             if earlier.get("dataset_file"):
                 raise RunIOError(
-                    self.run_dir,
+                    self.run_dir.path,
                     f"holds a batch run of {earlier['dataset_file']}; record served sessions in a "
                     "run directory of their own",
                 )
-            entry = {"started": self.started.isoformat(), "pending_at_start": 0, "served": True}
-            plugins = dict(sorted(host.sources.items()))
             changes = changed_settings(earlier, self.config, host) if earlier else {}
             for key, (old, new) in changes.items():
                 log.warning("%s: recording with %s changed from %r to %r", self.run_dir, key, old, new)
-            self.manifest.start(self.config.manifest(), plugins, entry, changes)
             self.index = scan(self.run_dir)
+            entry = {"pending_at_start": 0, "served": True}
+            self.invocation.begin(self.config, host, entry, changes, self._progress)
         except BaseException:
-            self.lock.release()
+            self.invocation.release()
             raise
         for done_prompt, occurrences in self.index.by_prompt.items():
             self.occurrences[done_prompt] = max(occurrences) + 1
-        self.ledger = LedgerWriter(self.run_dir, self.config.batch_size)
-        self.catalog = ToolCatalog(self.run_dir)
-        self.keeper = ManifestKeeper(self.manifest, self._progress)
         self.merger = asyncio.create_task(self._merge_now_and_then())
 
     def record(
@@ -138,7 +129,7 @@ class Recorder:
             result, sorted({*self.run_tools, *own_tools}),
             work_id=f"{identity}.{occurrence}", prompt_id=identity, prompt_index=index,
             metadata={
-                "batch_num": self.ledger.next_batch_num(),
+                "batch_num": self.invocation.ledger.next_batch_num(),
                 "timestamp": datetime.now(UTC).isoformat(),
                 "model": self.config.model,
                 "served": True,
@@ -151,10 +142,9 @@ class Recorder:
             attempt=1, backend=backend, image=None, digest=None, score=score,
         )  # fmt: skip
         record = self.scrubber.scrub(record)
-        if not self.ledger.append(record):
-            log.error(
-                "cannot record a served session: %s", RunIOError(self.ledger.path, self.ledger.error or "")
-            )
+        ledger = self.invocation.ledger
+        if not ledger.append(record):
+            log.error("cannot record a served session: %s", RunIOError(ledger.path, ledger.error or ""))
         self.unmerged += 1
         self.recorded += 1
         reason = rejection(record, self.filters)
@@ -167,7 +157,7 @@ class Recorder:
         the installed plugins' schemas, as for runs made before the file existed)."""
         key = tool_schemas_key(schemas)
         try:
-            self.catalog.add({key: schemas})
+            self.invocation.catalog.add({key: schemas})
         except RunIOError as exc:
             log.error("cannot save the tools a served session was offered: %s", exc)
             return None
@@ -196,13 +186,14 @@ class Recorder:
 
     async def merge(self) -> dict[str, Any]:
         """Close the ledger file being written, start the next, merge everything recorded so far."""
-        closing, self.ledger = self.ledger, LedgerWriter(self.run_dir, self.config.batch_size)
+        invocation = self.invocation
+        closing, invocation.ledger = invocation.ledger, self.run_dir.ledger_writer(self.config.batch_size)
         merged = self.unmerged  # records made while the old file closes go to the new one: not these
         await asyncio.to_thread(closing.close)
         self.index = scan(self.run_dir, self.index)
         self.unmerged -= merged
         paired = in_ledger_order(self.index)
-        manifest = copy.deepcopy(self.manifest.data)
+        manifest = copy.deepcopy(invocation.manifest.data)
         self.statistics = await asyncio.to_thread(
             merge_run, self.run_dir, paired, self.index, self.filters, self.writers, self.run_tools, manifest
         )
@@ -218,17 +209,9 @@ class Recorder:
                 )  # a merge under way ends first
                 if isinstance(outcome, Exception):
                     log.error("merging the recorded sessions failed: %s: %s", type(outcome).__name__, outcome)
-            if self.keeper is not None:
-                await self.keeper.stop()
-            ended = datetime.now(UTC)
-            self.manifest.update(
-                ended=ended.isoformat(),
-                wall_seconds=round((ended - self.started).total_seconds(), 3),
-                stop_reason=None,
-                **self._progress(),
-            )
+            await self.invocation.end(None, self._progress())
             statistics = await self.merge()
             if self.host is not None:
                 self.host.run_end(self.info, statistics)
         finally:
-            self.lock.release()
+            self.invocation.release()

@@ -1,6 +1,7 @@
 """``tools.json``: the tool schemas offered to the model in a run, once per distinct set, which
 records name by key (``tool_schemas_key``), so writers and ``trajkit export`` render what the model
-saw without the plugins that made them. The file's name is :data:`trajkit.run.rundir.TOOLS_FILE`."""
+saw without the plugins that made them. The file is the run directory's
+(:attr:`trajkit.run.rundir.RunDir.tools_path`), read and kept through it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trajkit.run.rundir import TOOLS_FILE, read_json_object, write_atomic
+from trajkit.run.files import read_json_object, write_atomic
 
 log = logging.getLogger("trajkit")
 
@@ -25,17 +26,16 @@ def tool_schemas_key(schemas: Sequence[Mapping[str, Any]]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def read_tool_schemas(run_dir: Path) -> dict[str, ToolSchemas]:
-    """``tools.json``: every schema set offered in the run, by key; empty for a run made before
-    the file existed (or with a warning when it is damaged: readers then use the installed tools)."""
-    data = read_json_object(
-        run_dir / TOOLS_FILE, {}, "the tools' schemas are taken from the installed plugins instead"
-    )
+def read_tool_schemas(path: Path) -> dict[str, ToolSchemas]:
+    """``tools.json`` at ``path``: every schema set offered in the run, by key; empty for a run made
+    before the file existed (or with a warning when it is damaged: readers then use the installed
+    tools)."""
+    data = read_json_object(path, {}, "the tools' schemas are taken from the installed plugins instead")
     if data is None:
         return {}
     sets = {key: value for key, value in data.items() if _is_schema_list(value)}
     if len(sets) != len(data):
-        log.warning("%s: entries that are not lists of tool schemas are ignored", run_dir / TOOLS_FILE)
+        log.warning("%s: entries that are not lists of tool schemas are ignored", path)
     return sets
 
 
@@ -49,9 +49,9 @@ class ToolCatalog:
     """``tools.json`` as the invocation holding the lock keeps it: each new schema set is added and
     the file written whole (sets are few: one per combination of toolsets)."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / TOOLS_FILE
-        self.sets = read_tool_schemas(run_dir)
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sets = read_tool_schemas(path)
         self.unsaved: dict[str, ToolSchemas] = {}
         """Sets the disk refused so far, written with the next set or by :meth:`flush`."""
 

@@ -17,18 +17,11 @@ from typing import Any
 
 import click
 
+from trajkit.run.files import RunIOError
 from trajkit.run.finalize import NO_SOURCE, failure_summary
-from trajkit.run.ledger import BadLine, read_jsonl, records, scan
-from trajkit.run.rundir import (
-    FAILURES_FILE,
-    MANIFEST_FILE,
-    Holder,
-    RunIOError,
-    holds_a_run,
-    lock_holder,
-    read_json_object,
-)
-from trajkit.tools.catalog import read_tool_schemas, tool_schemas_key
+from trajkit.run.ledger import BadLine, records, scan
+from trajkit.run.rundir import Holder, RunDir
+from trajkit.tools.catalog import tool_schemas_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,28 +96,30 @@ class RunRead:
         return None if model is None else str(model)
 
 
-def read_run(run_dir: Path) -> RunRead:
+def read_run(path: Path) -> RunRead:
     """Read one run directory; a usage error (click) naming it when it holds no run."""
+    run_dir = RunDir(path)
     try:
-        if not holds_a_run(run_dir):
+        if not run_dir.holds_a_run():
             raise click.ClickException(
-                f"{run_dir}: not a trajkit run directory (no batch_*.jsonl ledger and no {FAILURES_FILE})"
+                f"{run_dir}: not a trajkit run directory (no batch_*.jsonl ledger and no "
+                f"{run_dir.failures_path.name})"
             )
         index = scan(run_dir)
         trajectories = [Trajectory.of(record) for record in records(index)]
-        failed = list(read_jsonl(run_dir / FAILURES_FILE))
-        manifest = read_json_object(run_dir / MANIFEST_FILE, {}, "comparing the run without it") or {}
-        schemas = read_tool_schemas(run_dir)
-        running = lock_holder(run_dir)
+        failed = list(run_dir.failures())
+        manifest = run_dir.run_json("comparing the run without it", required={}) or {}
+        schemas = run_dir.tool_schemas()
+        running = run_dir.holder()
     except RunIOError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
-        raise click.ClickException(str(RunIOError.of(exc, run_dir))) from None
+        raise click.ClickException(str(RunIOError.of(exc, path))) from None
     done = {t.prompt_id for t in trajectories}
     unfinished = {str(e.get("work_id")) for e in failed if e.get("work_id") not in index.records}
     config = manifest.get("config")
     return RunRead(
-        run_dir=run_dir,
+        run_dir=path,
         name=str(manifest.get("run_name") or run_dir.name),
         config=config if isinstance(config, dict) else {},
         running=running,

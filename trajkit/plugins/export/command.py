@@ -30,12 +30,11 @@ from trajkit import hookimpl
 from trajkit.manager import PluginError, PluginHost
 from trajkit.plugins.export.chat_templates.options import chat_template_options
 from trajkit.record.writers import OutputWriter
-from trajkit.run.rundir import KEPT_FILE, RunIOError, atomic_replace
-from trajkit.tools.catalog import read_tool_schemas
+from trajkit.run.files import RunIOError, atomic_replace
+from trajkit.run.rundir import RunDir
 
 HF_FORMAT = "hf"
 """The format that is no writer: a dataset directory (``save_to_disk``) with its card."""
-HF_DIR = "hf_dataset"
 
 
 @hookimpl
@@ -76,6 +75,7 @@ def export(
 ) -> None:
     """Write the kept trajectories of RUN_DIR in another format, or rendered through chat templates."""
     host: PluginHost = ctx.find_root().obj
+    run = RunDir(run_dir)
     writers = host.writers
     if template_options["chat_templates"]:
         if format_name not in (None, "openai") or push_repo is not None:
@@ -85,8 +85,8 @@ def export(
             )
         from trajkit.plugins.export.chat_templates.command import export_through_templates
 
-        with kept_trajectories(run_dir, host) as (source, _):
-            export_through_templates(run_dir, lambda: read_records(source), out, **template_options)
+        with kept_trajectories(run, host) as (source, _):
+            export_through_templates(run, lambda: read_records(source), out, **template_options)
         return
     if format_name is None:
         raise click.BadParameter("give --format (or --chat_template)", param_hint="--format")
@@ -99,16 +99,16 @@ def export(
         raise click.BadParameter(
             f"{out} is a directory; --format {format_name} writes a file", param_hint="--out"
         )
-    with kept_trajectories(run_dir, host) as (source, statistics):
+    with kept_trajectories(run, host) as (source, statistics):
         if format_name == HF_FORMAT:
-            target = out if out is not None else run_dir / HF_DIR
-            export_hf_dataset(run_dir, source, target, push_repo, statistics)
+            target = out if out is not None else run.hf_dataset_path
+            export_hf_dataset(run, source, target, push_repo, statistics)
         else:
-            export_file(run_dir, source, writers[format_name], format_name, out)
+            export_file(run, source, writers[format_name], format_name, out)
 
 
 @contextlib.contextmanager
-def kept_trajectories(run_dir: Path, host: PluginHost) -> Iterator[tuple[Path, dict[str, Any] | None]]:
+def kept_trajectories(run_dir: RunDir, host: PluginHost) -> Iterator[tuple[Path, dict[str, Any] | None]]:
     """The run's kept trajectories (a ``trajectories.jsonl``) and statistics as its ledger stands
     now (:mod:`trajkit.run.view`: the run's own when its merge is current, else a merge of the
     ledger in a temporary directory, removed after the block), so a run going on exports too."""
@@ -117,9 +117,9 @@ def kept_trajectories(run_dir: Path, host: PluginHost) -> Iterator[tuple[Path, d
     try:
         state = read_run(run_dir, host)
         with current_outputs(state, host) as (outputs, statistics):
-            source = outputs / KEPT_FILE
+            source = outputs.kept_path
             if not source.is_file():
-                problem = state.problem or f"no {KEPT_FILE} (a run without the sharegpt writer)"
+                problem = state.problem or f"no {source.name} (a run without the sharegpt writer)"
                 raise click.ClickException(f"{run_dir} has no kept trajectories to export: {problem}")
             yield source, statistics
     except (RunIOError, NotARun) as exc:
@@ -127,7 +127,7 @@ def kept_trajectories(run_dir: Path, host: PluginHost) -> Iterator[tuple[Path, d
 
 
 def export_file(
-    run_dir: Path, source: Path, writer_class: type[OutputWriter], format_name: str, out: Path | None
+    run_dir: RunDir, source: Path, writer_class: type[OutputWriter], format_name: str, out: Path | None
 ) -> None:
     """``trajectories.jsonl`` rendered by one writer into a file (by default in the run directory)."""
     try:
@@ -137,7 +137,7 @@ def export_file(
     from trajkit.run.finalize import offer_tool_schemas  # a run needs it only after its sessions
 
     offer_tool_schemas([writer], run_dir)
-    target = out if out is not None else run_dir / writer.filename
+    target = out if out is not None else run_dir.output_path(writer.filename)
     try:
         rows = export_records(writer, read_records(source), target)
     except RunIOError as exc:
@@ -146,7 +146,7 @@ def export_file(
 
 
 def export_hf_dataset(
-    run_dir: Path,
+    run_dir: RunDir,
     source: Path,
     target: Path,
     push_repo: str | None = None,
@@ -155,7 +155,7 @@ def export_hf_dataset(
     from trajkit.plugins.export import hf as hf_export  # datasets is imported only when it is used
 
     try:
-        schemas = read_tool_schemas(run_dir)
+        schemas = run_dir.tool_schemas()
         rows = hf_export.export_hf(read_records(source), run_dir, target, schemas, statistics)
         click.echo(f"{target}: {rows} rows (hf dataset, card in {target / 'README.md'})", err=True)
         if push_repo is not None:

@@ -32,7 +32,7 @@ import yaml
 from trajkit.plugins.export.writers import OpenAIWriter
 from trajkit.record.filters import Record
 from trajkit.record.schema import hf_features
-from trajkit.run.rundir import read_run_json, read_statistics
+from trajkit.run.rundir import RunDir
 
 DATASETS_MISSING = "the hf export needs the datasets package: pip install 'datasets>=5'"
 
@@ -69,7 +69,7 @@ def features(datasets: Any) -> Any:
 
 def export_hf(
     records: Iterable[Record],
-    run_dir: Path,
+    run_dir: RunDir,
     target: Path,
     tool_schemas: Mapping[str, Any] | None = None,
     statistics: Mapping[str, Any] | None = None,
@@ -193,12 +193,12 @@ def card_header(dataset: Any) -> dict[str, Any]:
     }
 
 
-def dataset_card(dataset: Any, run_dir: Path, statistics: Mapping[str, Any] | None = None) -> str:
+def dataset_card(dataset: Any, run_dir: RunDir, statistics: Mapping[str, Any] | None = None) -> str:
     """README.md: the YAML header the Hub reads, then how the data was generated."""
     header = yaml.safe_dump(card_header(dataset), sort_keys=False, allow_unicode=True)
-    manifest = read_run_json(run_dir, "the card omits it") or {}
+    manifest = run_dir.run_json("the card omits it") or {}
     if statistics is None:
-        statistics = read_statistics(run_dir) or {}
+        statistics = run_dir.statistics() or {}
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     assert isinstance(config, dict)
     name = manifest.get("run_name") or run_dir.name

@@ -24,8 +24,6 @@ import click
 
 from trajkit import hookimpl
 
-REPORT_FILE = "report.html"
-
 DEFAULT_EMBEDDED = 2000
 """Conversations embedded in the report by default: enough to browse, small enough to open."""
 
@@ -42,8 +40,9 @@ def stats(run_dir: Path) -> None:
     """The statistics of a run as tables: outcome, tools, backends, model client."""
     from trajkit.plugins.report.run import opened_run
     from trajkit.plugins.report.tables import print_renderables, stats_tables
+    from trajkit.run.rundir import RunDir
 
-    with opened_run(run_dir, click.get_current_context().find_root().obj) as run:
+    with opened_run(RunDir(run_dir), click.get_current_context().find_root().obj) as run:
         tables = stats_tables(run)
     print_renderables(tables)
 
@@ -54,7 +53,7 @@ def stats(run_dir: Path) -> None:
     "--out",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
-    help=f"Where to write the page (default: RUN_DIR/{REPORT_FILE}).",
+    help="Where to write the page (default: RUN_DIR/report.html).",
 )
 @click.option(
     "--max-conversations",
@@ -69,10 +68,12 @@ def report(run_dir: Path, out: Path | None, max_conversations: int) -> None:
     """Write a self-contained HTML report of a run: summary, charts and a trajectory browser."""
     from trajkit.plugins.report.page import render_html
     from trajkit.plugins.report.run import opened_run, report_data
+    from trajkit.run.rundir import RunDir
 
-    with opened_run(run_dir, click.get_current_context().find_root().obj) as run:
+    run_files = RunDir(run_dir)
+    with opened_run(run_files, click.get_current_context().find_root().obj) as run:
         data = report_data(run, max_conversations)
-    target = out or run_dir / REPORT_FILE
+    target = out or run_files.report_path
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render_html(data), encoding="utf-8")
     browse = data["browse"]

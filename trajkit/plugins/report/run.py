@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from trajkit import __version__
-from trajkit.run.rundir import FAILURES_FILE, KEPT_FILE, REJECTED_FILE, RunIOError
+from trajkit.run.files import RunIOError
+from trajkit.run.rundir import RunDir
 
 if TYPE_CHECKING:
     from trajkit.manager import PluginHost
@@ -37,10 +38,10 @@ TOP_REASONS = 12
 class RunFiles:
     """The summary files of one run directory."""
 
-    run_dir: Path
+    run_dir: RunDir
     statistics: dict[str, Any]
     manifest: dict[str, Any]
-    outputs: Path
+    outputs: RunDir
     """Where the kept and rejected trajectories are (the run directory, or a merge of its ledger)."""
 
     @property
@@ -49,7 +50,7 @@ class RunFiles:
         return config
 
     def failures(self) -> Iterator[dict[str, Any]]:
-        return _read_jsonl(self.run_dir / FAILURES_FILE)
+        return self.run_dir.failures()
 
     def trajectories(self) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
         """``(status, reason, record)`` for every kept and rejected trajectory, in dataset order.
@@ -57,17 +58,17 @@ class RunFiles:
         Both files are written in dataset order by the same merge, so a streaming merge on the
         prompt index interleaves them without holding either in memory.
         """
-        kept = (("kept", None, r) for r in _read_jsonl(self.outputs / KEPT_FILE))
+        kept = (("kept", None, r) for r in _read_jsonl(self.outputs.kept_path))
         rejected = (
             ("rejected", str(line.get("reason") or ""), line["record"])
-            for line in _read_jsonl(self.outputs / REJECTED_FILE)
+            for line in _read_jsonl(self.outputs.rejected_path)
             if isinstance(line.get("record"), dict)
         )
         return heapq.merge(kept, rejected, key=lambda item: item[2].get("prompt_index", 0))
 
 
 @contextlib.contextmanager
-def opened_run(run_dir: Path, host: PluginHost) -> Iterator[RunFiles]:
+def opened_run(run_dir: RunDir, host: PluginHost) -> Iterator[RunFiles]:
     """The run as its ledger stands now, or a usage error that says what is missing."""
     from trajkit.run.view import NotARun, current_outputs, read_run
 
@@ -181,9 +182,9 @@ def pass_rates(statistics: dict[str, Any]) -> list[dict[str, Any]]:
 
 def missing_kept_note(run: RunFiles) -> str | None:
     """Kept conversations are read from the ``sharegpt`` writer's file; a run without it has none to show."""
-    if run.statistics.get("kept") and not (run.outputs / KEPT_FILE).is_file():
+    if run.statistics.get("kept") and not run.outputs.kept_path.is_file():
         return (
-            f"This run wrote no {KEPT_FILE} (run it with --writer sharegpt), so only rejected "
+            f"This run wrote no {run.outputs.kept_path.name} (run it with --writer sharegpt), so only rejected "
             "trajectories can be browsed here; the summary and charts still count every one."
         )
     return None

@@ -16,13 +16,14 @@ from typing import Any
 
 import click
 
-from trajkit.run.rundir import RunIOError, atomic_replace, write_atomic
+from trajkit.run.files import RunIOError, atomic_replace, write_atomic
+from trajkit.run.rundir import RunDir
 
 REPORT_FILE = "chat_templates.report.json"
 
 
 def export_through_templates(
-    run_dir: Path,
+    run_dir: RunDir,
     records: Callable[[], Iterator[dict[str, Any]]],
     out: Path | None,
     *,
@@ -55,7 +56,9 @@ def export_through_templates(
         raise click.BadParameter(
             f"{out} is a file; with several --chat_template, --out is a directory", param_hint="--out"
         )
-    directory = (out if several and out is not None else run_dir) if several or out is None else out.parent
+    directory = (
+        (out if several and out is not None else run_dir.path) if several or out is None else out.parent
+    )
     writer = OpenAIWriter()
     offer_tool_schemas([writer], run_dir)
     reports = []
