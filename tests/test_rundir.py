@@ -21,7 +21,8 @@ from trajkit.config.run_config import RunConfig
 from trajkit.manager import load_plugins
 from trajkit.run import rundir
 from trajkit.run.invocation import Invocation
-from trajkit.run.rundir import RunDir, RunLocked
+from trajkit.run.lock import RunLocked
+from trajkit.run.rundir import RunDir
 from trajkit.testing.openai_server import OpenAITestServer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -231,7 +231,7 @@ def run_and_report(config: RunConfig, host: PluginHost) -> int:
     from trajkit.model import ModelConfigError
     from trajkit.run.dataset import DatasetError
     from trajkit.run.files import RunIOError
-    from trajkit.run.rundir import RunLocked
+    from trajkit.run.lock import RunLocked
     from trajkit.run.runner import EXIT_IO, EXIT_LOCKED, EXIT_USAGE, RunError, Runner
     from trajkit.run.settings import resume_command
     from trajkit.tools import ToolsetError

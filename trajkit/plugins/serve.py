@@ -108,7 +108,7 @@ def run_server(config: RunConfig, settings: Any, host: Any) -> int:
     from trajkit.manager import PluginError
     from trajkit.model import ModelConfigError
     from trajkit.run.files import RunIOError
-    from trajkit.run.rundir import RunLocked
+    from trajkit.run.lock import RunLocked
     from trajkit.run.runner import RunError
     from trajkit.serve.app import serve_until_stopped
     from trajkit.serve.service import ServedAgent

@@ -13,6 +13,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,8 @@ def _shape_problem(data: Any, required: dict[str, type | tuple[type, ...]]) -> s
         if not isinstance(data.get(key), kind):
             return f"field {key!r} is missing or not of the expected type"
     return None
+
+
+def timestamp() -> str:
+    """Now, to the second, as the lock file and run.json note times."""
+    return datetime.now(UTC).isoformat(timespec="seconds")

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from trajkit import __version__
 from trajkit.jsonutil import dumps_line
-from trajkit.run.files import RunIOError, json_text, write_atomic
+from trajkit.run.files import RunIOError, json_text, timestamp, write_atomic
 from trajkit.run.ledger import AppendLog
-from trajkit.run.rundir import Manifest, RunDir, timestamp
+from trajkit.run.rundir import Manifest, RunDir
 
 if TYPE_CHECKING:
     from trajkit.config.run_config import RunConfig

@@ -14,22 +14,18 @@ warning, never a crash. The invocation that writes a run holds its lock
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import logging
 import os
 import re
 import shutil
-import socket
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trajkit.run.files import RunIOError, read_json_object, write_json_atomic
+from trajkit.run.files import RunIOError, read_json_object, timestamp, write_json_atomic
+from trajkit.run.lock import Holder, RunLock, holder_of
 from trajkit.tools.catalog import ToolCatalog, ToolSchemas, read_tool_schemas
 
 if TYPE_CHECKING:
@@ -205,7 +201,7 @@ class RunDir:
 
     def holder(self) -> Holder | None:
         """Who holds the run directory now, or None. Probes with a shared lock taken for an instant."""
-        return _probe(self.lock_path)
+        return holder_of(self.lock_path)
 
     def spend(self) -> dict[str, dict[str, float]]:
         """Run id -> what that invocation's model answers cost: the last whole line of its spend file."""
@@ -290,129 +286,7 @@ class RunDir:
         shutil.rmtree(self.spend_dir, ignore_errors=True)
 
 
-# -- the lock --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Holder:
-    """The process that holds a run directory, as it wrote itself into the lock file."""
-
-    pid: int | None
-    host: str
-    started: str
-
-    def __str__(self) -> str:
-        if self.pid is None:
-            return "another process (it has not written its details yet)"
-        return f"pid {self.pid} on host {self.host}, started {self.started}"
-
-
-class RunLocked(RuntimeError):
-    """Another invocation holds the run directory."""
-
-    def __init__(self, run_dir: RunDir | Path, holder: Holder) -> None:
-        self.holder = holder
-        super().__init__(
-            f"{run_dir} is in use by another trajkit invocation ({holder}); one invocation per run "
-            "directory: wait for it to finish or stop it (`trajkit status` still reads the run)"
-        )
-
-
-class RunLock:
-    """An exclusive ``flock`` on ``run.lock``, held for the life of the process.
-
-    The kernel releases it when the process dies, however it dies, so ``kill -9`` leaves no stale
-    lock; the descriptor is close-on-exec so that no sandbox process inherits it. Readers never
-    take it.
-    """
-
-    ATTEMPTS = 10
-    """A reader probing the lock (:meth:`RunDir.holder`) holds it shared for an instant."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        """The lock file (:attr:`RunDir.lock_path`)."""
-        self.fd: int | None = None
-
-    def take(self) -> None:
-        """Make the run directory (and its parents) if need be, then :meth:`acquire` the lock: how
-        the one writer of a run directory (a run, or a recording server) begins."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RunIOError(self.path.parent, exc) from None
-        self.acquire()
-
-    def acquire(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        except OSError as exc:
-            raise RunIOError(self.path, exc) from None
-        for attempt in range(self.ATTEMPTS):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if attempt + 1 < self.ATTEMPTS:
-                    time.sleep(0.05)
-            except OSError as exc:
-                os.close(fd)
-                raise RunIOError(self.path, exc) from None
-        else:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise RunLocked(self.path.parent, holder)
-        self.fd = fd
-        details = {"pid": os.getpid(), "host": socket.gethostname(), "started": timestamp()}
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(details) + "\n").encode(), 0)
-        except OSError as exc:
-            self.release()
-            raise RunIOError(self.path, exc) from None
-
-    def release(self) -> None:
-        if self.fd is not None:
-            # an emptied lock file: a finished run's directory is the same after every invocation
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, 0)
-            os.close(self.fd)  # closing the only descriptor releases the flock
-            self.fd = None
-
-
-def _probe(path: Path) -> Holder | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _read_holder(fd)
-        except OSError as exc:
-            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP):
-                return None
-            raise
-        return None
-    finally:
-        os.close(fd)
-
-
-def _read_holder(fd: int) -> Holder:
-    try:
-        details = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        return Holder(int(details["pid"]), str(details["host"]), str(details["started"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return Holder(None, "", "")
-
-
-def timestamp() -> str:
-    """Now, to the second, as the lock file and run.json note times."""
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-# -- the manifest (run.json) and the spend -----------------------------------------------------------
+# -- the manifest (run.json) and the spend ---------------------------------------------------------
 
 
 class Manifest:

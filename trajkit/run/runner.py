@@ -37,6 +37,7 @@ from trajkit.run.executor import Executor, SessionPlan, WorkOrder
 from trajkit.run.finalize import merge_run
 from trajkit.run.invocation import Invocation
 from trajkit.run.ledger import LedgerIndex, Location, scan
+from trajkit.run.lock import RunLocked
 from trajkit.run.plan import RunError, Work
 from trajkit.run.progress import Reporter
 from trajkit.run.recording import (
@@ -47,7 +48,7 @@ from trajkit.run.recording import (
     end_invocation,
     invocation_entry,
 )
-from trajkit.run.rundir import Manifest, RunDir, RunLocked
+from trajkit.run.rundir import Manifest, RunDir
 from trajkit.run.settings import resume_command, settings_for
 
 __all__ = [

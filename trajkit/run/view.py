@@ -30,7 +30,8 @@ from trajkit.run import plan
 from trajkit.run.dataset import DatasetError, WorkItem
 from trajkit.run.finalize import merge_run
 from trajkit.run.ledger import BadLine, LedgerIndex, Location, in_ledger_order, scan
-from trajkit.run.rundir import Holder, RunDir
+from trajkit.run.lock import Holder
+from trajkit.run.rundir import RunDir
 from trajkit.run.settings import merged_settings
 
 if TYPE_CHECKING:

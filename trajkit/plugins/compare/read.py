@@ -20,7 +20,8 @@ import click
 from trajkit.run.files import RunIOError
 from trajkit.run.finalize import NO_SOURCE, failure_summary
 from trajkit.run.ledger import BadLine, records, scan
-from trajkit.run.rundir import Holder, RunDir
+from trajkit.run.lock import Holder
+from trajkit.run.rundir import RunDir
 from trajkit.tools.catalog import tool_schemas_key
 
 

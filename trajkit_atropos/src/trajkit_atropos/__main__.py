@@ -12,8 +12,8 @@ def main() -> None:
     from trajkit.plugins.export.chat_templates.source import TemplateSourceError
     from trajkit.run.dataset import DatasetError
     from trajkit.run.files import RunIOError
+    from trajkit.run.lock import RunLocked
     from trajkit.run.plan import RunError
-    from trajkit.run.rundir import RunLocked
     from trajkit.tools.offer import OfferError
     from trajkit_atropos.config import TrajkitEnvError
     from trajkit_atropos.env import TrajkitEnv
