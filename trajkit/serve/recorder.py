@@ -1,7 +1,8 @@
 """``trajkit serve --record RUN_DIR``: every served session a trajectory in a run directory's ledger.
 
-The server holds the run directory as a run does (its lock, an invocation in ``run.json`` with
-what it spent), appends one record per finished session (the run's record schema, secrets
+The server holds the run directory as a run does, through the same
+:class:`~trajkit.run.invocation.Invocation` (its lock, an invocation in ``run.json`` with what it
+spent, the ledger writer and the tools catalogue), appends one record per finished session (the run's record schema, secrets
 scrubbed) and merges now and then, so ``status``, ``stats``, ``report``, ``export`` and
 ``compress`` read served traffic like any run. A served session's identity is its conversation:
 the same conversation served twice is two occurrences of one prompt.
