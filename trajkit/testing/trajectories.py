@@ -63,17 +63,7 @@ def trajkit_record(
                 _turn("tool", tool_output(index, step, c, lines), tool_call_id=call["id"], name="terminal")
             )
     turns.append(_turn("gpt", f"Done with task {index}.", reasoning="All steps succeeded."))
-    return {
-        "prompt_index": index,
-        "conversations": turns,
-        "metadata": {"batch_num": 0, "model": "test/model"},
-        "completed": True,
-        "partial": False,
-        "api_calls": steps + 1,
-        "toolsets_used": ["terminal"],
-        "tool_stats": {"terminal": {"count": steps * parallel, "success": steps * parallel, "failure": 0}},
-        "tool_error_counts": {"terminal": 0},
-    }
+    return _record(index, turns, steps, parallel)
 
 
 def reference_record(index: int, steps: int = 10, parallel: int = 2, lines: int = 20) -> dict[str, Any]:
@@ -104,6 +94,11 @@ def reference_record(index: int, steps: int = 10, parallel: int = 2, lines: int 
         )
         turns.append({"from": "tool", "value": results})
     turns.append({"from": "gpt", "value": f"<think>\nDone.\n</think>\nTask {index} is done."})
+    return _record(index, turns, steps, parallel)
+
+
+def _record(index: int, turns: list[dict[str, Any]], steps: int, parallel: int) -> dict[str, Any]:
+    """A finished record of ``turns``: ``steps`` model turns of ``parallel`` terminal calls each, then the answer."""
     return {
         "prompt_index": index,
         "conversations": turns,
