@@ -159,7 +159,7 @@ class TreeCPU:
     v1 ``cpuacct`` group of its own (a process's children stay in it; sandbox processes moved
     into pids or memory cgroups too, those are other hierarchies). ``/proc``'s figures miss what is
     reaped by others: a sandbox's supervisor killed with its bubblewrap goes to the host's init.
-    Unavailable (``seconds()`` None) without a writable cpuacct hierarchy (cgroup v2 only, say)."""
+    Unavailable (:meth:`finish` says None) without a writable cpuacct hierarchy (cgroup v2 only, say)."""
 
     def __init__(self) -> None:
         self.path: str | None = None
@@ -177,23 +177,22 @@ class TreeCPU:
                 handle.write(str(os.getpid()))
 
     def finish(self) -> float | None:
-        """Once the tree has exited (its last processes may take a moment): its CPU seconds; the
-        group is removed."""
+        """Once the tree has exited: its CPU seconds (None if unknown); the group is removed."""
         if self.path is None:
             return None
+        for _ in range(100):  # the tree's last processes may take a moment to be gone
+            with contextlib.suppress(OSError), open(os.path.join(self.path, "cgroup.procs")) as handle:
+                if not handle.read().strip():
+                    break
+            time.sleep(0.1)
         used = None
-        for _ in range(100):
-            try:
-                with open(os.path.join(self.path, "cgroup.procs")) as handle:
-                    if handle.read().strip():
-                        time.sleep(0.1)
-                        continue
-                with open(os.path.join(self.path, "cpuacct.usage")) as handle:
-                    used = int(handle.read()) / 1e9
-                os.rmdir(self.path)
-            except (OSError, ValueError):
-                pass
-            break
+        with (
+            contextlib.suppress(OSError, ValueError),
+            open(os.path.join(self.path, "cpuacct.usage")) as handle,
+        ):
+            used = int(handle.read()) / 1e9
+        with contextlib.suppress(OSError):
+            os.rmdir(self.path)
         return used
 
 
