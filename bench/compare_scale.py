@@ -37,13 +37,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def generate(run_dir: Path, prompts: int, samples: int, skill: float, seed: int) -> None:
     """A run's ledger: each prompt's samples pass with a probability around ``skill``."""
     from trajkit.run.dataset import DatasetRow
-    from trajkit.run.rundir import RunDir
 
     rng = random.Random(seed)
     parts = _template()
     parts[-1] = parts[-1][:-1] + ',"score":@@SCORE@@}'
     run_dir.mkdir(parents=True)
-    batch, handle = 0, RunDir(run_dir).batch_path(0).open("w")
+    batch, handle = 0, (run_dir / "batch_0.jsonl").open("w")
     for i in range(prompts):
         prompt = f"Task {i}: write a script that prints the {i}th prime and check its output"
         prompt_id = DatasetRow(prompt=prompt).prompt_id()
@@ -52,7 +51,7 @@ def generate(run_dir: Path, prompts: int, samples: int, skill: float, seed: int)
             if (i * samples + sample) % 100 == 0 and i + sample:
                 handle.close()
                 batch += 1
-                handle = RunDir(run_dir).batch_path(batch).open("w")
+                handle = (run_dir / f"batch_{batch}.jsonl").open("w")
             passed = rng.random() < chance
             values = {
                 SENTINELS[0]: f"{prompt_id}.{sample}",

@@ -151,7 +151,6 @@ def _split_keep(text: str, sentinel: str) -> list[str]:
 def generate(directory: Path, count: int, batch_size: int) -> dict[str, Any]:
     """Write ``count`` prompts and their records; returns sizes."""
     from trajkit.run.dataset import DatasetRow
-    from trajkit.run.rundir import RunDir
 
     started = time.perf_counter()
     run_dir = directory / RUN_NAME
@@ -167,7 +166,7 @@ def generate(directory: Path, count: int, batch_size: int) -> dict[str, Any]:
             if i % batch_size == 0:
                 if handle is not None:
                     handle.close()
-                handle = RunDir(run_dir).batch_path(i // batch_size).open("w")
+                handle = (run_dir / f"batch_{i // batch_size}.jsonl").open("w")
             prompt_id = DatasetRow(prompt=prompt).prompt_id()
             values = {
                 SENTINELS[0]: f"{prompt_id}.0",
@@ -311,9 +310,7 @@ def one_size(args: argparse.Namespace, root: Path, count: int) -> dict[str, Any]
         assert resume["done"] == count and resume["pending"] == 0, resume
         merge = measure_phase(args, directory, "merge")
         assert merge["kept"] == count, merge
-        from trajkit.run.rundir import RunDir
-
-        output = RunDir(directory / RUN_NAME).kept_path
+        output = directory / RUN_NAME / "trajectories.jsonl"
         with output.open("rb") as handle:
             lines = sum(1 for _ in handle)
         assert lines == count, (lines, count)
