@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -143,8 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write the results to this file")
     parser.add_argument("--source", type=Path, help="import trajkit from this directory (another checkout)")
     args = parser.parse_args(argv)
-    if args.source:
-        sys.path.insert(0, str(args.source.resolve()))
+    common.use_source(args.source)
     if reason := common.docker_available(IMAGE):
         print(f"browser_inside: skipped: {reason}")
         return

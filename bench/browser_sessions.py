@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench import common
+
 PAGES = {
     "links.html": "<title>Links</title><h1>Links</h1><p>{filler}</p><a href='/form.html'>The form</a>"
     "<div style='height:3000px'></div><p>End</p>",
@@ -237,8 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write the results to this file")
     parser.add_argument("--source", type=Path, help="import trajkit from this directory (another checkout)")
     args = parser.parse_args(argv)
-    if args.source:
-        sys.path.insert(0, str(args.source.resolve()))
+    common.use_source(args.source)
     results = []
     with tempfile.TemporaryDirectory(prefix="trajkit-bench-pages-") as pages:
         for name, text in PAGES.items():
