@@ -9,7 +9,6 @@ and fail where ``TRAJKIT_REQUIRE_ENGINES`` asks for ray (CI).
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import subprocess
@@ -198,33 +197,6 @@ def test_without_the_package_the_error_says_what_to_install(tmp_path: Path) -> N
         PluginError, match=r"executor 'ray' is not installed: pip install \./trajkit_ray from the root"
     ):
         Runner(config, host)
-
-
-async def test_the_limiter_refuses_a_lost_actor_and_takes_back_its_permits() -> None:
-    """The limiter actor's logic, without Ray: permits per holder; a lost holder gets no more, and
-    what it held comes back as it releases it or after the grace period."""
-    need_engine("ray", RAY_MISSING)
-    from trajkit_ray.limiter import LimiterActor, LostHolder
-
-    limiter = LimiterActor()
-    limiter.configure(3, None, None)
-    limiter.configure(50, None, None)  # the first configuration stands
-    for _ in range(3):
-        await limiter.acquire("a", 0)
-    waiting = asyncio.ensure_future(limiter.acquire("b", 0))
-    await asyncio.sleep(0.05)
-    assert not waiting.done()  # three permits at most, for the whole run
-    assert await limiter.forget("a", 0.2) == 3  # "a" was lost with its node
-    with pytest.raises(LostHolder):
-        await limiter.acquire("a", 0)  # its process, still running, may send nothing more
-    await limiter.release("a", True)  # a request it had sent has ended
-    await asyncio.wait_for(waiting, 1)
-    assert limiter.state()["held"] == {"a": 2, "b": 1}
-    await asyncio.sleep(0.3)  # the grace period is over: the rest are free again
-    assert limiter.state()["held"] == {"b": 1}
-    assert limiter.state()["active"] == 1
-    await limiter.release("a", True)  # a late release from the lost holder changes nothing
-    assert limiter.state()["active"] == 1
 
 
 def test_container_rows_run_in_docker_on_the_actor_s_node(tmp_path: Path, ray_env: None) -> None:

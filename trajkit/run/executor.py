@@ -11,7 +11,7 @@ attempt.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -92,6 +92,27 @@ class Failed:
 
 
 Outcome = Finished | Failed
+
+SHARED_LIMITER_STATISTICS = frozenset({"throttled", "throttle_recovered"})
+"""Counters of a run-wide limiter (:mod:`trajkit.model.shared_limiter`) that every process reports
+in full: the largest counts, not the sum."""
+
+
+def combined_statistics(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The model client counters of several processes (``ModelClient.statistics``) as one: numbers
+    summed (but :data:`SHARED_LIMITER_STATISTICS`), anything else as the last part has it."""
+    total: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                total[key] = value
+            elif key in SHARED_LIMITER_STATISTICS:
+                total[key] = max(total.get(key, 0), value)
+            else:
+                total[key] = total.get(key, 0) + value
+    if "limiter_wait_s" in total:
+        total["limiter_wait_s"] = round(total["limiter_wait_s"], 3)
+    return total
 
 
 class Attempts(Protocol):

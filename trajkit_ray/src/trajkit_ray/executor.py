@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trajkit.run.executor import Driver, Executor, Failed, SessionPlan, WorkOrder
+from trajkit.run.executor import Driver, Executor, Failed, SessionPlan, WorkOrder, combined_statistics
 from trajkit_ray.settings import RaySettings
 
 if TYPE_CHECKING:
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trajkit")
 
-MAX_KEPT_STATISTICS = {"throttled", "throttle_recovered"}
-"""Counters of the shared limiter that every actor reports in full: the largest, not the sum."""
 CLOSE_TIMEOUT = 120.0
 HEAD_RESOURCE = "node:__internal_head__"
 
@@ -88,7 +86,7 @@ class RayExecutor(Executor):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from trajkit_ray.limiter import LimiterActor
+        from trajkit.model.shared_limiter import SharedLimiter
 
         self._connect()  # in the main thread: Ray sets its signal handlers there
         nodes = [node for node in ray.nodes() if node.get("Alive")]
@@ -98,7 +96,7 @@ class RayExecutor(Executor):
             ray.get_runtime_context().get_node_id(),
         )
         self.limiter = (
-            ray.remote(LimiterActor)
+            ray.remote(SharedLimiter)
             .options(
                 num_cpus=0,
                 max_concurrency=100_000,
@@ -295,18 +293,7 @@ class RayExecutor(Executor):
     # -- accounts ----------------------------------------------------------------------------------
 
     def statistics(self) -> dict[str, Any]:
-        total: dict[str, Any] = {}
-        for actor in self.actors:
-            for key, value in actor.statistics.items():
-                if not isinstance(value, int | float) or isinstance(value, bool):
-                    total[key] = value
-                elif key in MAX_KEPT_STATISTICS:
-                    total[key] = max(total.get(key, 0), value)
-                else:
-                    total[key] = total.get(key, 0) + value
-        if "limiter_wait_s" in total:
-            total["limiter_wait_s"] = round(total["limiter_wait_s"], 3)
-        return total
+        return combined_statistics(actor.statistics for actor in self.actors)
 
     def spent(self) -> float:
         return sum(actor.spent for actor in self.actors)
