@@ -222,7 +222,9 @@ def test_an_unknown_executor_names_the_installed_ones(tmp_path: Path) -> None:
     config = RunConfig(
         dataset_file=tmp_path / "d.jsonl", run_name="x", output_dir=tmp_path, executor="cluster"
     )
-    with pytest.raises(PluginError, match=r"unknown executor 'cluster' \(installed: local, processes, remote_like\)"):
+    with pytest.raises(
+        PluginError, match=r"unknown executor 'cluster' \(installed: local, processes, remote_like\)"
+    ):
         Runner(config, host)
 
 

@@ -171,7 +171,8 @@ class ProcessExecutor(Executor):
                 await self.changed.wait()
         finally:  # cancelled (the run was interrupted): so are the sessions, their sandboxes closed
             if any(worker.outstanding for worker in self.workers if worker.alive):
-                await self._stop_sessions()
+                await self._stop_sessions()  # what ended before they stopped is reported
+            self.driver = None
         if self.queue and not driver.stopped():
             log.error("processes: every worker process is lost; %d work items were not run", len(self.queue))
 
@@ -188,27 +189,37 @@ class ProcessExecutor(Executor):
 
     async def _read(self, worker: _Worker) -> None:
         """Everything a worker says, until its pipe closes."""
-        while (message := await worker.channel.receive()) is not None:
-            kind, *args = message
-            if kind == "outcome":
-                self._ended(worker, args[0])
-            elif kind == "started":
-                self._started(worker, *args)
-            elif kind == "paid":
-                worker.statistics, worker.spent = args
-                if self.driver is not None:
-                    self.driver.paid()  # saved by the runner at once
-                self.changed.set()
-            elif kind == "log":
-                self._log(*args)
-            elif kind in ("acquire", "release", "throttled", "tokens"):
-                self._permits(worker, kind, *args)
-            else:  # opened, failed, stopped, closed
-                worker.replies.put_nowait(message)
-        if worker.alive and not self.closing:
-            self._lost(worker, f"{worker.holder} exited")
-        worker.alive = False
-        worker.replies.put_nowait(("lost",))
+        try:
+            while (message := await worker.channel.receive()) is not None:
+                self._handle(worker, message)
+        except Exception as exc:  # a bug here must not leave the run waiting for this worker
+            log.error("processes: %s: %s: %s", worker.holder, type(exc).__name__, exc)
+        finally:
+            if worker.alive and not self.closing:
+                self._lost(worker, f"{worker.holder} exited")
+            worker.alive = False
+            worker.replies.put_nowait(("lost",))
+
+    def _handle(self, worker: _Worker, message: tuple[Any, ...]) -> None:
+        kind, *args = message
+        driver = self.driver  # None outside execute: what comes then is the workers' closing
+        if kind == "outcome" and driver is not None:
+            self._ended(worker, driver, args[0])
+        elif kind == "started" and driver is not None:
+            worker.attempts[args[0]] = args[1]
+            self.began.add(args[0])
+            driver.started(*args)
+        elif kind == "paid":
+            worker.statistics, worker.spent = args
+            if driver is not None:
+                driver.paid()  # saved by the runner at once
+            self.changed.set()
+        elif kind == "log":
+            self._log(*args)
+        elif kind in ("acquire", "release", "throttled", "tokens"):
+            self._permits(worker, kind, *args)
+        elif kind in ("opened", "failed", "stopped", "closed"):
+            worker.replies.put_nowait(message)
 
     def _log(self, name: str, level: int, text: str) -> None:
         """A worker's log record, logged here; while they start, what every worker says (the model
@@ -219,19 +230,12 @@ class ProcessExecutor(Executor):
             self.starting.add((name, level, text))
         logging.getLogger(name).log(level, "%s", text)
 
-    def _started(self, worker: _Worker, work_id: str, attempt: int) -> None:
-        assert self.driver is not None
-        worker.attempts[work_id] = attempt
-        self.began.add(work_id)
-        self.driver.started(work_id, attempt)
-
-    def _ended(self, worker: _Worker, outcome: Outcome) -> None:
-        assert self.driver is not None
+    def _ended(self, worker: _Worker, driver: Driver, outcome: Outcome) -> None:
         worker.attempts.pop(outcome.work_id, None)
         if not isinstance(outcome, Failed) or outcome.final:
             worker.outstanding.pop(outcome.work_id, None)
             self.began.discard(outcome.work_id)
-        self.driver.report(outcome)
+        driver.report(outcome)
         self.changed.set()
 
     def _lost(self, worker: _Worker, why: str) -> None:
