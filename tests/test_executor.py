@@ -26,7 +26,6 @@ from trajkit.manager import PluginError, PluginHost, load_plugins
 from trajkit.plugins.export.command import export_records, read_records
 from trajkit.plugins.export.writers import OpenAIWriter
 from trajkit.plugins.local_executor import LocalExecutor
-from trajkit.plugins.processes.executor import ProcessExecutor
 from trajkit.run.attempt import Sessions
 from trajkit.run.executor import Driver, Executor, Failed, Finished, SessionPlan, WorkOrder
 from trajkit.run.files import RunIOError
@@ -60,7 +59,7 @@ def stable(record: dict[str, Any]) -> dict[str, Any]:
 
 def test_local_is_the_default_executor_and_runs_every_session(tmp_path: Path) -> None:
     host = load_plugins(entry_points=False)
-    assert host.executors == {"local": LocalExecutor, "processes": ProcessExecutor}
+    assert host.executors == {"local": LocalExecutor}
     assert RunConfig().executor == "local"
     assert host.sources["trajkit.plugins.local_executor"] == "built-in"
 
@@ -165,7 +164,7 @@ def remote_like_plugin() -> object:
 def test_a_plugin_executor_gets_the_work_and_the_runner_records_what_it_returns(tmp_path: Path) -> None:
     RemoteLike.instances.clear()
     host = load_plugins(entry_points=False, extra=[("remote", remote_like_plugin())])
-    assert sorted(host.executors) == ["local", "processes", "remote_like"]
+    assert sorted(host.executors) == ["local", "remote_like"]
     dataset = write_jsonl(tmp_path / "d.jsonl", PROMPTS)
     config = RunConfig(
         dataset_file=dataset,
@@ -222,9 +221,7 @@ def test_an_unknown_executor_names_the_installed_ones(tmp_path: Path) -> None:
     config = RunConfig(
         dataset_file=tmp_path / "d.jsonl", run_name="x", output_dir=tmp_path, executor="cluster"
     )
-    with pytest.raises(
-        PluginError, match=r"unknown executor 'cluster' \(installed: local, processes, remote_like\)"
-    ):
+    with pytest.raises(PluginError, match=r"unknown executor 'cluster' \(installed: local, remote_like\)"):
         Runner(config, host)
 
 

@@ -60,7 +60,6 @@ DEFAULT_PLUGINS = (
     "trajkit.plugins.scorers",
     "trajkit.plugins.export.writers",
     "trajkit.plugins.local_executor",
-    "trajkit.plugins.processes",
     "trajkit.plugins.export.command",
     "trajkit.plugins.report.command",
     "trajkit.plugins.compare.command",

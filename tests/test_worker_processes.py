@@ -1,10 +1,11 @@
-"""The ``processes`` executor: a run's sessions in worker processes of this machine.
+"""The local executor's worker processes (``--processes N``): a run's sessions on several cores.
 
-Against the real test model server, through the real CLI: the records are those the ``local``
-executor makes; a worker killed mid-run loses nothing and runs nothing twice; a runner interrupted
+Against the real test model server, through the real CLI: the records are those the runner's own
+event loop makes; more than ``SESSIONS_PER_PROCESS`` sessions in flight take worker processes by
+themselves; a worker killed mid-run loses nothing and runs nothing twice; a runner interrupted
 or killed leaves no worker and no sandbox behind; ``--max_cost`` and the request limits hold for
 the whole run, not per worker; what a worker cannot do (a plugin registered by hand, an endpoint
-it cannot reach) stops the run before any session, with the error the local executor gives.
+it cannot reach) stops the run before any session, with the error the runner's own loop gives.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from trajkit import hookimpl
 from trajkit.config.resolve import resolve
 from trajkit.manager import load_plugins
 from trajkit.model.shared_limiter import LostHolder, SharedLimiter
+from trajkit.plugins.local_executor import SESSIONS_PER_PROCESS, auto_processes
 from trajkit.run.executor import combined_statistics
 from trajkit.run.runner import Runner
 from trajkit.testing.openai_server import OpenAITestServer
@@ -61,7 +63,7 @@ def workers_of(pid: int) -> list[int]:
         except OSError:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == pid and b"trajkit.plugins.processes.worker" in command:
+        if parent == pid and b"trajkit.plugins.local_executor.worker" in command:
             found.append(int(entry.name))
     return found
 
@@ -100,7 +102,7 @@ def test_worker_processes_make_the_records_the_local_executor_makes(
         server.reset()
         result = trajkit(
             *run_args(tmp_path, dataset, "processes", server.base_url, "--num_workers", "4", root=sandbox_root),
-            "--executor", "processes", "--processes.count", "2", "--verbose",
+            "--processes", "2", "--verbose",
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         requests = server.count
@@ -110,7 +112,7 @@ def test_worker_processes_make_the_records_the_local_executor_makes(
     statistics = json.loads((tmp_path / "processes" / "statistics.json").read_text())
     assert statistics["model_client"]["requests"] == requests  # summed over both workers
     manifest = json.loads((tmp_path / "processes" / "run.json").read_text())
-    assert manifest["config"]["executor"] == "processes"
+    assert manifest["config"]["executor_options"] == {"local": {"processes": 2}}
     # the workers' log records reach the run's log; what both said while starting, once
     assert result.stderr.count("has no model list") == 1, result.stderr
     assert "2 worker processes, up to 4 sessions in flight" in result.stderr
@@ -136,7 +138,7 @@ def test_a_worker_killed_mid_run_loses_nothing_and_runs_nothing_twice(
     with OpenAITestServer(dialect_policy, latency=0.03, keep_requests=False) as server:
         args = run_args(tmp_path, dataset, "r", server.base_url, "--num_workers", "20", root=sandbox_root)
         runner = subprocess.Popen(
-            [sys.executable, "-m", "trajkit", *args, "--executor", "processes", "--processes.count", "2",
+            [sys.executable, "-m", "trajkit", *args, "--processes", "2",
              "--max_concurrent_requests", str(limit)],
             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
         )  # fmt: skip
@@ -166,7 +168,7 @@ def test_a_runner_that_stops_leaves_no_worker_and_no_sandbox(
     dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"job {i}"} for i in range(rows)])
     with OpenAITestServer(dialect_policy, latency=1.0) as server:
         args = [*run_args(tmp_path, dataset, "r", server.base_url, "--num_workers", "8", root=sandbox_root),
-                "--distribution", "terminal_only", "--executor", "processes", "--processes.count", "2"]  # fmt: skip
+                "--distribution", "terminal_only", "--processes", "2"]  # fmt: skip
         runner = subprocess.Popen(
             [sys.executable, "-m", "trajkit", *args],
             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
@@ -199,7 +201,7 @@ def test_max_cost_holds_for_the_whole_run(tmp_path: Path, sandbox_root: Path) ->
     dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"task {i}"} for i in range(rows)])
     with OpenAITestServer(priced, latency=0.05) as server:
         args = run_args(tmp_path, dataset, "r", server.base_url, "--num_workers", "4", root=sandbox_root)
-        result = trajkit(*args, "--executor", "processes", "--processes.count", "2", "--max_cost", "1")
+        result = trajkit(*args, "--processes", "2", "--max_cost", "1")
     assert result.returncode == 1, result.stderr
     assert "--max_cost 1 reached" in result.stderr
     statistics = json.loads((tmp_path / "r" / "statistics.json").read_text())
@@ -219,7 +221,7 @@ def test_a_plugin_registered_in_this_process_alone_stops_the_run_before_any_sess
         host = load_plugins(extra=[("by_hand", Plugin())])
         config = resolve(host, {
             "dataset_file": str(dataset), "run_name": "r", "output_dir": str(tmp_path), "quiet": True,
-            "executor": "processes", "base_url": server.base_url, "model": "m",
+            "executor_options": {"local": {"processes": 2}}, "base_url": server.base_url, "model": "m",
         })  # fmt: skip
         runner = Runner(config, host)
         with pytest.raises(RuntimeError, match="registered in this process alone: by_hand"):
@@ -227,15 +229,15 @@ def test_a_plugin_registered_in_this_process_alone_stops_the_run_before_any_sess
         assert server.requests == []
 
 
-def test_an_unreachable_endpoint_is_the_local_executor_s_one_error(
+def test_an_unreachable_endpoint_is_the_one_error_of_the_runner_s_own_loop(
     tmp_path: Path, sandbox_root: Path
 ) -> None:
     port = closed_port()
     dataset = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "task"}])
     result = trajkit(
         *run_args(tmp_path, dataset, "r", f"http://127.0.0.1:{port}/v1", root=sandbox_root),
-        "--executor",
-        "processes",
+        "--processes",
+        "2",
     )
     assert one_error(result) == f"error: cannot connect to 127.0.0.1:{port}: Connection refused"
 
@@ -272,3 +274,21 @@ def test_counters_of_several_processes_add_up_but_the_shared_limiter_s() -> None
     assert combined_statistics(parts) == {
         "requests": 7, "cost": 0.75, "throttled": 2, "limiter_wait_s": 0.223, "model": "m",
     }  # fmt: skip
+
+
+def test_many_sessions_in_flight_take_worker_processes_unless_a_plugin_was_registered_by_hand() -> None:
+    cpus = len(os.sched_getaffinity(0))
+    installed = load_plugins()
+    assert auto_processes(SESSIONS_PER_PROCESS, installed) == 0  # one process's worth: the runner's loop
+    assert auto_processes(1000, installed) == (min(cpus, 8) if cpus > 1 else 0)
+    assert auto_processes(100_000, installed) == (cpus if cpus > 1 else 0)
+
+    class Plugin:
+        @hookimpl
+        def trajkit_run_start(self, run: Any, pending: int) -> None:
+            pass
+
+    assert auto_processes(1000, load_plugins(extra=[("by_hand", Plugin())])) == 0
+    registered_later = load_plugins()
+    registered_later.pm.register(Plugin(), name="later")
+    assert auto_processes(1000, registered_later) == 0

@@ -1,7 +1,8 @@
-"""The ``local`` executor: every session on this process's event loop, ``--num_workers`` at once.
+"""Sessions on the runner's own event loop, ``--num_workers`` at once (``--processes 0``).
 
-The work is I/O-bound (model latency, sandbox start), so one loop holds hundreds to thousands of
-sessions; blocking SDKs run in worker threads.
+The work is I/O-bound (model latency, sandbox start), so one loop holds hundreds of sessions;
+blocking SDKs run in worker threads. It takes one core at most: :mod:`.pool` spreads many more
+over worker processes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from trajkit import hookimpl
 from trajkit.run.executor import Driver, Executor, SessionPlan, WorkOrder
 
 if TYPE_CHECKING:
@@ -21,14 +21,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("trajkit")
 
 
-@hookimpl
-def trajkit_executors() -> list[type[Executor]]:
-    return [LocalExecutor]
+class OnThisLoop(Executor):
+    """The sessions on this process's event loop."""
 
-
-class LocalExecutor(Executor):
     name = "local"
-    description = "sessions on this process's event loop, --num_workers at once (the default)"
 
     sessions: Sessions | None = None
 

@@ -1,8 +1,8 @@
-"""The ``processes`` executor: a run's sessions in worker processes of this machine, one per core.
+"""Sessions in worker processes of this machine (``--processes N``), as many as it has cores.
 
-The ``local`` executor runs every session on the runner's one event loop, so a run uses one core
-for its sessions however many the machine has. Here each worker process
-(:mod:`trajkit.plugins.processes.worker`) runs its share of the sessions on a loop of its own and
+On the runner's one event loop a run's sessions use one core however many the machine has. Here
+each worker process
+(:mod:`trajkit.plugins.local_executor.worker`) runs its share of the sessions on a loop of its own and
 the runner keeps what only one process may do: admission (``--max_cost``), the ledger, the
 progress display, the request limits (one
 :class:`~trajkit.model.shared_limiter.SharedLimiter`, asked over the pipe).
@@ -33,11 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
-
-from trajkit.config.settings import StrictSettings
 from trajkit.model.shared_limiter import LostHolder, SharedLimiter
-from trajkit.plugins.processes.channel import Channel
+from trajkit.plugins.local_executor.channel import Channel
 from trajkit.run.executor import (
     Driver,
     Executor,
@@ -55,11 +52,6 @@ log = logging.getLogger("trajkit")
 
 CLOSE_TIMEOUT = 120.0
 """Seconds a worker may take to stop its sessions, or to close, before it is killed."""
-
-
-class ProcessSettings(StrictSettings):
-    count: int | None = Field(None, ge=1)
-    """Worker processes; none: one per CPU this process may run on (no more than --num_workers)."""
 
 
 @dataclass(eq=False)
@@ -85,14 +77,14 @@ class _Worker:
         return f"worker {self.number} (pid {self.process.pid})"
 
 
-class ProcessExecutor(Executor):
-    name = "processes"
-    description = "sessions in worker processes of this machine, one per core (--processes.count)"
-    Settings = ProcessSettings
-    settings: ProcessSettings
+class WorkerPool(Executor):
+    """The sessions in ``count`` worker processes."""
 
-    def __init__(self, settings: Any = None) -> None:
-        super().__init__(settings)
+    name = "local"
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count
         self.workers: list[_Worker] = []
         self.limiter = SharedLimiter()
         self.queue: deque[WorkOrder] = deque()
@@ -110,9 +102,8 @@ class ProcessExecutor(Executor):
     # -- start -------------------------------------------------------------------------------------
 
     async def start(self, plan: SessionPlan, host: PluginHost) -> None:
-        count = self.settings.count or len(os.sched_getaffinity(0))
         self.capacity = plan.config.num_workers
-        count = max(1, min(count, self.capacity))
+        count = max(1, min(self.count, self.capacity))
         self.workers = list(await asyncio.gather(*(self._spawn(number) for number in range(count))))
         level = logging.getLogger("trajkit").getEffectiveLevel()
         for worker in self.workers:
@@ -127,12 +118,12 @@ class ProcessExecutor(Executor):
             limits, plugins = args
             if limits is not None:
                 self.limiter.configure(*limits)
-            unknown = sorted(set(host.sources) - set(plugins))
+            unknown = sorted(plugin_names(host) - set(plugins))
             if unknown:
                 raise RuntimeError(
                     "processes: worker processes load the installed plugins only, and these were "
-                    f"registered in this process alone: {', '.join(unknown)} (install them, or use "
-                    "--executor local)"
+                    f"registered in this process alone: {', '.join(unknown)} (install them, or run "
+                    "the sessions here: --processes 0)"
                 )
         self.starting = None
         log.info("processes: %d worker processes, up to %d sessions in flight", count, self.capacity)
@@ -143,7 +134,7 @@ class ProcessExecutor(Executor):
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "trajkit.plugins.processes.worker",
+                "trajkit.plugins.local_executor.worker",
                 str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
@@ -322,6 +313,11 @@ class ProcessExecutor(Executor):
             await worker.channel.close()
         for chore in list(self.chores):
             chore.cancel()
+
+
+def plugin_names(host: PluginHost) -> set[str]:
+    """The names of the plugins registered in ``host``, however they were."""
+    return {name for name, _ in host.pm.list_name_plugin()}
 
 
 def worker_environment() -> dict[str, str]:

@@ -1,6 +1,6 @@
-"""A worker process of the ``processes`` executor: many sessions on its own event loop.
+"""A worker process of the local executor's pool (:mod:`.pool`): many sessions on its own loop.
 
-Started by the runner (``python -m trajkit.plugins.processes.worker FD``, FD its end of a socket
+Started by the runner (``python -m trajkit.plugins.local_executor.worker FD``, FD its end of a socket
 pair) and driven by it alone. It builds the session function from the run's
 :class:`~trajkit.run.executor.SessionPlan` with the plugins installed here, runs the work orders it
 is sent and sends back what happened: attempts started, outcomes, the model client's counters after
@@ -20,7 +20,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from trajkit.model.ratelimit import RequestLimiter, own_wait, shared_limits
-from trajkit.plugins.processes.channel import Channel
+from trajkit.plugins.local_executor.channel import Channel
+from trajkit.plugins.local_executor.pool import plugin_names
 from trajkit.run.executor import Failed, Outcome, SessionPlan, WorkOrder
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ class Worker:
         except Exception as exc:
             self.channel.send("failed", *portable(exc))
             return
-        self.channel.send("opened", limits[0] if limits else None, sorted(host.sources))
+        self.channel.send("opened", limits[0] if limits else None, sorted(plugin_names(host)))
 
     async def _run(self, order: WorkOrder) -> None:
         assert self.sessions is not None, "opened first"
