@@ -115,7 +115,7 @@ def test_worker_processes_make_the_records_the_local_executor_makes(
     assert manifest["config"]["executor_options"] == {"local": {"processes": 2}}
     # the workers' log records reach the run's log; what both said while starting, once
     assert result.stderr.count("has no model list") == 1, result.stderr
-    assert "2 worker processes, up to 4 sessions in flight" in result.stderr
+    assert "2 worker processes run the sessions, up to 4 in flight" in result.stderr
     assert not sandboxes_in(sandbox_root)
 
 

@@ -1,11 +1,10 @@
 """Sessions in worker processes of this machine (``--processes N``), as many as it has cores.
 
 On the runner's one event loop a run's sessions use one core however many the machine has. Here
-each worker process
-(:mod:`trajkit.plugins.local_executor.worker`) runs its share of the sessions on a loop of its own and
-the runner keeps what only one process may do: admission (``--max_cost``), the ledger, the
-progress display, the request limits (one
-:class:`~trajkit.model.shared_limiter.SharedLimiter`, asked over the pipe).
+each worker process (:mod:`.worker`) runs its share of the sessions on a loop of its own, and the
+runner keeps what only one process may do: admission (``--max_cost``), the ledger, the progress
+display, the request limits (one :class:`~trajkit.model.shared_limiter.SharedLimiter`, asked
+over the pipe).
 
 - **Balance.** At most ``--num_workers`` sessions are in flight in all; each work order goes to
   the worker with the fewest in flight.
@@ -95,9 +94,9 @@ class WorkerPool(Executor):
         self.chores: set[asyncio.Task[None]] = set()
         self.closing = False
         self.capacity = 1
+        """Sessions in flight in all workers at most (``--num_workers``)."""
         self.starting: set[tuple[str, int, str]] | None = set()
         """The log records the workers have sent while they start; None once they have."""
-        """Sessions in flight in all workers at most (``--num_workers``)."""
 
     # -- start -------------------------------------------------------------------------------------
 
@@ -110,23 +109,23 @@ class WorkerPool(Executor):
             worker.channel.send("open", plan, level)
         for worker in self.workers:
             kind, *args = await worker.replies.get()
-            if kind == "failed":  # the model client's check, a backend...: as the local executor says it
+            if kind == "failed":  # the model client's check, a backend...: as the runner's loop says it
                 error, text = args
                 raise error if isinstance(error, BaseException) else RuntimeError(text)
             if kind == "lost":
-                raise RuntimeError(f"processes: {worker.holder} exited while it started")
+                raise RuntimeError(f"{worker.holder} exited while it started")
             limits, plugins = args
             if limits is not None:
                 self.limiter.configure(*limits)
             unknown = sorted(plugin_names(host) - set(plugins))
             if unknown:
                 raise RuntimeError(
-                    "processes: worker processes load the installed plugins only, and these were "
+                    "worker processes load the installed plugins only, and these were "
                     f"registered in this process alone: {', '.join(unknown)} (install them, or run "
                     "the sessions here: --processes 0)"
                 )
         self.starting = None
-        log.info("processes: %d worker processes, up to %d sessions in flight", count, self.capacity)
+        log.info("%d worker processes run the sessions, up to %d in flight", count, self.capacity)
 
     async def _spawn(self, number: int) -> _Worker:
         ours, theirs = socket.socketpair()
@@ -165,7 +164,7 @@ class WorkerPool(Executor):
                 await self._stop_sessions()  # what ended before they stopped is reported
             self.driver = None
         if self.queue and not driver.stopped():
-            log.error("processes: every worker process is lost; %d work items were not run", len(self.queue))
+            log.error("every worker process is lost; %d work items were not run", len(self.queue))
 
     def _dispatch(self, driver: Driver) -> None:
         """Send work to the least busy workers while sessions may start."""
@@ -184,7 +183,7 @@ class WorkerPool(Executor):
             while (message := await worker.channel.receive()) is not None:
                 self._handle(worker, message)
         except Exception as exc:  # a bug here must not leave the run waiting for this worker
-            log.error("processes: %s: %s: %s", worker.holder, type(exc).__name__, exc)
+            log.error("%s: %s: %s", worker.holder, type(exc).__name__, exc)
         finally:
             if worker.alive and not self.closing:
                 self._lost(worker, f"{worker.holder} exited")
@@ -249,7 +248,7 @@ class WorkerPool(Executor):
             self.began.discard(order.work_id)
         worker.outstanding.clear()
         self.queue.extendleft(reversed(lost))
-        log.warning("processes: %s; %d work items go to the other workers", why, len(lost))
+        log.warning("%s; %d work items go to the other workers", why, len(lost))
         self.changed.set()
 
     def _permits(self, worker: _Worker, kind: str, *args: Any) -> None:
@@ -304,7 +303,7 @@ class WorkerPool(Executor):
             try:
                 await asyncio.wait_for(worker.process.wait(), CLOSE_TIMEOUT)
             except TimeoutError:
-                log.warning("processes: %s did not close in time", worker.holder)
+                log.warning("%s did not close in time", worker.holder)
                 with contextlib.suppress(ProcessLookupError):
                     worker.process.kill()
                 await worker.process.wait()
