@@ -44,6 +44,11 @@ def ledger(run_dir: Path) -> list[dict[str, Any]]:
     return [record for path in sorted(run_dir.glob("batch_*.jsonl")) for record in read_jsonl(path)]
 
 
+def ledger_lines(run_dir: Path) -> int:
+    """Records in the ledger so far (read while the run appends: its last line may be partial)."""
+    return sum(path.read_bytes().count(b"\n") for path in run_dir.glob("batch_*.jsonl"))
+
+
 def stable(record: dict[str, Any]) -> str:
     """A record without what differs between two runs of the same plan (times, duration, sandbox)."""
     metadata = {k: v for k, v in record["metadata"].items() if k != "timestamp"}
@@ -129,10 +134,10 @@ def test_a_worker_killed_mid_run_loses_nothing_and_runs_nothing_twice(
 
     def kill_a_worker_midway(runner: subprocess.Popen[str]) -> None:
         deadline = time.monotonic() + 60
-        while len(ledger(run_dir)) < rows // 4 and time.monotonic() < deadline:
+        while ledger_lines(run_dir) < rows // 4 and time.monotonic() < deadline:
             time.sleep(0.02)
         workers = workers_of(runner.pid)
-        killed.append(len(ledger(run_dir)))
+        killed.append(ledger_lines(run_dir))
         os.kill(workers[0], signal.SIGKILL)
 
     with OpenAITestServer(dialect_policy, latency=0.03, keep_requests=False) as server:
