@@ -17,6 +17,7 @@ import logging
 import signal
 import socket
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 from trajkit.model.ratelimit import RequestLimiter, own_wait, shared_limits
@@ -101,7 +102,7 @@ class Worker:
             host = load_plugins()  # what failed to load the runner has said already
             host.configure_toolsets(plan.config)
             forward_logs(self.channel, level)
-            sessions = Sessions(plan, host)
+            sessions = self.sessions = Sessions(plan, host)  # closed at the end even if opening fails
             limits: list[Limits] = []
 
             def limiter_of_the_run(
@@ -114,7 +115,6 @@ class Worker:
 
             with shared_limits(limiter_of_the_run):
                 await sessions.open()
-            self.sessions = sessions
             sessions.listen(self._paid)
         except Exception as exc:
             self.channel.send("failed", *portable(exc))
@@ -204,16 +204,24 @@ class ChannelLimiter(RequestLimiter):
 
 
 class _Forward(logging.Handler):
+    """Sends each record to the runner from the loop's thread (records of worker threads too)."""
+
     def __init__(self, channel: Channel) -> None:
         super().__init__()
         self.channel = channel
+        self.loop = asyncio.get_running_loop()
+        self.thread = threading.get_ident()
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
         if record.exc_info:
             text += "\n" + logging.Formatter().formatException(record.exc_info)
-        with contextlib.suppress(RuntimeError):  # no running loop: at exit, nothing to send on
-            self.channel.send("log", record.name, record.levelno, text)
+        message = ("log", record.name, record.levelno, text)
+        if threading.get_ident() == self.thread:  # in order with what the loop sends next
+            self.channel.send(*message)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop has closed: at exit, nothing to send on
+            self.loop.call_soon_threadsafe(self.channel.send, *message)
 
 
 def forward_logs(channel: Channel, level: int) -> None:
