@@ -11,6 +11,7 @@ it cannot reach) stops the run before any session, with the error the runner's o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -84,6 +85,17 @@ def alive(pid: int) -> bool:
 def sandboxes_in(root: Path) -> list[Path]:
     """The sandboxes under a backend's root (not its own dot files)."""
     return [path for path in root.iterdir() if not path.name.startswith(".")]
+
+
+def inherited_sockets(pid: int) -> list[str]:
+    """The sockets of a process that a program it starts would inherit (no close-on-exec)."""
+    found = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            flags = int((Path(f"/proc/{pid}/fdinfo") / fd.name).read_text().split("flags:")[1].split()[0], 8)
+            if os.readlink(fd).startswith("socket:") and not flags & 0o2000000:
+                found.append(fd.name)
+    return found
 
 
 def run_args(tmp_path: Path, dataset: Path, name: str, base_url: str, *more: str, root: Path) -> list[str]:
@@ -183,6 +195,8 @@ def test_a_runner_that_stops_leaves_no_worker_and_no_sandbox(
             time.sleep(0.05)  # every session has its sandbox: they are all in flight
         workers = workers_of(runner.pid)
         assert len(workers) == 2 and len(sandboxes_in(sandbox_root)) >= rows, runner.stderr
+        # the pipe to the runner reaches no program a worker starts (a sandbox could write to it)
+        assert [inherited_sockets(pid) for pid in workers] == [[], []]
         runner.send_signal(how)
         _, stderr = runner.communicate(timeout=60)
         deadline = time.monotonic() + 30

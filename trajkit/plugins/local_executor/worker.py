@@ -244,7 +244,11 @@ def portable(exc: BaseException) -> tuple[Any, str]:
 
 
 async def main(fd: int) -> None:
-    channel = await Channel.connect(socket.socket(fileno=fd))
+    pipe = socket.socket(fileno=fd)
+    pipe.set_inheritable(
+        False
+    )  # handed over inheritable; no program this worker starts may write to the runner
+    channel = await Channel.connect(pipe)
     await Worker(channel).serve()
 
 
