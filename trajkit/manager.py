@@ -41,6 +41,8 @@ log = logging.getLogger("trajkit")
 
 ENTRY_POINT_GROUP = "trajkit"
 BLOCK_ENV = "TRAJKIT_DISABLE_PLUGINS"
+BY_CALLER = "registered by caller"
+"""The source of a plugin handed to :func:`load_plugins` as ``extra`` (not installed)."""
 
 # Built-in behaviour, registered through the same hooks a third-party plugin uses.
 DEFAULT_PLUGINS = (
@@ -372,7 +374,7 @@ def load_plugins(
             _register(host, ep.name, plugin, dist)
 
     for name, plugin in extra:
-        _register(host, name, plugin, "registered by caller")
+        _register(host, name, plugin, BY_CALLER)
 
     try:
         pm.check_pending()

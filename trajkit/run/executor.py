@@ -151,6 +151,27 @@ class Driver(Attempts, Protocol):
         was spent at once. Call it as soon as the executor learns of an answer."""
 
 
+def hand_back(
+    driver: Driver,
+    lost: Sequence[WorkOrder],
+    attempts: dict[str, int],
+    began: set[str],
+    failure: tuple[str, str],
+) -> None:
+    """The work a lost holder (a worker process, a Ray actor) had, made ready to run elsewhere: each
+    attempt in flight is reported as ``failure`` (error class, message; not final), each order
+    admitted but never started is withdrawn. ``attempts`` (work id -> attempt in flight) and
+    ``began`` (work ids whose first attempt started since admitted) lose the lost orders."""
+    error_class, message = failure
+    for order in lost:
+        attempt = attempts.pop(order.work_id, None)
+        if attempt is not None:
+            driver.report(Failed(order.work_id, attempt, error_class, message, final=False))
+        elif order.work_id not in began:
+            driver.withdraw()  # admitted, never started: admitted again from the queue
+        began.discard(order.work_id)
+
+
 class Executor(Configurable, ABC):
     """Runs the run's sessions somewhere and hands back what each attempt produced.
 

@@ -79,12 +79,13 @@ class LocalExecutor(Executor):
 
 def auto_processes(in_flight: int, host: PluginHost) -> int:
     """The worker processes for ``in_flight`` sessions when ``--processes`` is not given."""
+    from trajkit.manager import BY_CALLER
     from trajkit.plugins.local_executor.pool import plugin_names
 
     count = min(len(os.sched_getaffinity(0)), math.ceil(in_flight / SESSIONS_PER_PROCESS))
     if count < 2:
         return 0
-    by_hand = {name for name, source in host.sources.items() if source == "registered by caller"}
+    by_hand = {name for name, source in host.sources.items() if source == BY_CALLER}
     if by_hand or plugin_names(host) - set(host.sources):
         log.info("the sessions run on this process alone: plugins registered by hand are not the workers'")
         return 0

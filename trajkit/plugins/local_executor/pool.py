@@ -42,6 +42,7 @@ from trajkit.run.executor import (
     SessionPlan,
     WorkOrder,
     combined_statistics,
+    hand_back,
 )
 
 if TYPE_CHECKING:
@@ -235,17 +236,9 @@ class WorkerPool(Executor):
             worker.process.kill()  # at most once: if it still runs, it runs no more
         self._chore(self.limiter.forget(worker.holder, 0.0))
         lost = list(worker.outstanding.values())
-        driver = self.driver
-        for order in lost:
-            attempt = worker.attempts.pop(order.work_id, None)
-            if driver is None:
-                continue
-            if attempt is not None:
-                message = f"the {worker.holder} running it was lost ({why}); run again"
-                driver.report(Failed(order.work_id, attempt, "worker_lost", message, final=False))
-            elif order.work_id not in self.began:
-                driver.withdraw()  # admitted, never started: admitted again from the queue
-            self.began.discard(order.work_id)
+        if self.driver is not None:  # else it held none: lost while starting or closing
+            failure = ("worker_lost", f"the {worker.holder} running it was lost ({why}); run again")
+            hand_back(self.driver, lost, worker.attempts, self.began, failure)
         worker.outstanding.clear()
         self.queue.extendleft(reversed(lost))
         log.warning("%s; %d work items go to the other workers", why, len(lost))

@@ -33,7 +33,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trajkit.run.executor import Driver, Executor, Failed, SessionPlan, WorkOrder, combined_statistics
+from trajkit.run.executor import (
+    Driver,
+    Executor,
+    Failed,
+    SessionPlan,
+    WorkOrder,
+    combined_statistics,
+    hand_back,
+)
 from trajkit_ray.settings import RaySettings
 
 if TYPE_CHECKING:
@@ -261,13 +269,7 @@ class RayExecutor(Executor):
             self.limiter.forget.remote(actor.holder, self.settings.lost_permits_after)
         lost = list(actor.outstanding.values())
         message = f"the Ray actor {actor.holder} on {actor.node} was lost ({type(error).__name__}); run again"
-        for order in lost:
-            attempt = actor.attempts.pop(order.work_id, None)
-            if attempt is not None:
-                self.driver.report(Failed(order.work_id, attempt, "node_lost", message, final=False))
-            elif order.work_id not in self.began:
-                self.driver.withdraw()  # admitted, never started: admitted again from the queue
-            self.began.discard(order.work_id)
+        hand_back(self.driver, lost, actor.attempts, self.began, ("node_lost", message))
         actor.outstanding.clear()
         self.queue.extendleft(reversed(lost))
         log.warning(
