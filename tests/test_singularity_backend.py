@@ -440,15 +440,31 @@ def test_daemons_that_clear_their_environment_die_with_their_exec(apptainer: Non
     asyncio.run(body())
 
 
+def instance_pids_file(pid: int) -> Path:
+    """The ``pids.current`` of the cgroup holding the process ``pid`` (cgroup v1 or v2)."""
+    lines = [line.split(":", 2) for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()]
+    separate = [path for _, controllers, path in lines if "pids" in controllers.split(",")]
+    if separate:
+        return Path(f"/sys/fs/cgroup/pids{separate[0]}/pids.current")
+    unified = next(path for _, controllers, path in lines if controllers == "")
+    return Path(f"/sys/fs/cgroup{unified}/pids.current")
+
+
 @pytest.mark.engine("apptainer")
 def test_process_limit_reaches_the_instance(apptainer: None, cache_dir: Path) -> None:
     async def body() -> None:
         backend = make_backend(cache_dir, pids_limit="40")
         sb = await backend.create(spec())
         try:
+            counted = instance_pids_file(running_instances()[sb.name])
+            before = int(counted.read_text())
             bomb = await sb.exec("i=0; while [ $i -lt 80 ]; do sleep 1000 & i=$((i+1)); done", timeout=60)
             assert "Resource temporarily unavailable" in bomb.stderr, bomb
-            assert (await sb.exec("echo still usable", timeout=30)).stdout == "still usable\n"
+            # Its processes are reaped, not only killed, when the exec returns: zombies would still
+            # count against the limit, and the next exec's own starter could not start.
+            assert int(counted.read_text()) <= before
+            after = await sb.exec("echo still usable", timeout=30)
+            assert after.stdout == "still usable\n", after
         finally:
             await sb.close()
 

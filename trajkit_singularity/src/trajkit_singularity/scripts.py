@@ -35,7 +35,10 @@ MARKER_VARIABLE = "TRAJKIT_EXEC_ID"
 # (`env -i setsid daemon &`) is reparented there when its shell exits, whereas every exec has a parent
 # outside the instance's PID namespace (parent pid 0), so concurrent execs are left alone. Victims are
 # stopped first and killed together, so none sees another die (no shell reports "Killed"); repeated
-# because a process may fork between listing and kill.
+# because a process may fork between listing and kill. The sweep returns once its victims are reaped
+# (by the instance's init, five seconds at most): a killed process is a zombie until then and still
+# holds a slot of the instance's process limit, so an exec that returned sooner could leave the next
+# one unable to start (Apptainer's own starter needs a dozen).
 _SWEEP = r"""
 orphan() {
     at=$1 top=
@@ -48,7 +51,7 @@ orphan() {
 }
 
 sweep() {
-    marker=$1 self=$$ round=0 sessions=" "
+    marker=$1 self=$$ round=0 sessions=" " killed=
     while [ "$round" -lt 6 ]; do
         victims=
         for p in /proc/[0-9]*; do
@@ -66,9 +69,17 @@ sweep() {
             esac
             kill -STOP "$pid" 2>/dev/null && victims="$victims $pid"
         done
-        [ -n "$victims" ] || return 0
+        [ -n "$victims" ] || break
         kill -9 $victims 2>/dev/null
+        killed="$killed$victims"
         round=$((round + 1))
+    done
+    tries=0
+    for pid in $killed; do
+        while [ -e "/proc/$pid" ] && [ "$tries" -lt 500 ]; do
+            sleep 0.01 2>/dev/null
+            tries=$((tries + 1))
+        done
     done
 }
 """
