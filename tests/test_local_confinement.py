@@ -179,7 +179,7 @@ def test_another_sessions_files_are_out_of_reach(sandbox_root: Path) -> None:
             assert any(secret.encode() in path.read_bytes() for path in Path(control).glob("*.x"))
             tries = [
                 f"cat {first.workdir}/secret.txt {first.workdir}/mine.txt",
-                f"ls -a {sandbox_root} {first.base}",
+                f"ls -a {sandbox_root} {first.workdir}",
                 f"ls -a {os.path.dirname(control)} {control} /dev/shm; cat {control}/*.x",
                 f"test -e {os.path.dirname(control)} && echo {ESCAPED}",
                 "umount /tmp; umount /var/tmp; umount /run/trajkit",

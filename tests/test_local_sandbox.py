@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -369,7 +370,38 @@ def test_the_sandbox_root_is_private_to_its_user(tmp_path: Path) -> None:
             in_sandbox(foreign, body)
 
 
-def test_a_sandbox_being_made_by_another_run_is_not_reaped(tmp_path: Path) -> None:
+def test_the_reaper_reads_owner_and_deadline_from_the_name(tmp_path: Path) -> None:
+    """Nothing but the prompt's files is made: a sandbox's directory is named after its owner and
+    deadline, and the reaper removes one only once that owner is gone or the deadline passed."""
+    backend = LocalBackend({"root": str(tmp_path), "isolation": "none"})
+    sandbox = asyncio.run(backend.create(SandboxSpec(run_id="mine", work_id="w0", lifetime=600)))
+    workdir = Path(sandbox.workdir)
+    assert [p.name for p in tmp_path.iterdir()] == [workdir.name] and list(workdir.iterdir()) == []
+    host, pid, deadline = re.fullmatch(r"mine\.([0-9a-f]{8})-(\d+)-(\d+)-[a-z0-9_]{8}", workdir.name).groups()
+    assert (int(pid), abs(int(deadline) - time.time() - 600) < 30) == (os.getpid(), True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    later = int(time.time()) + 3600
+    names = {
+        "owner-gone": f"other.{host}-{dead.stdout.strip()}-{later}-abcd1234",
+        "owner-gone-tmp": f"other.{host}-{dead.stdout.strip()}-{later}-abcd1234.tmp",
+        "past-deadline": f"other.{host}-{os.getppid()}-{int(time.time()) - 1}-efgh5678",
+        "other-host": f"other.{int(host, 16) ^ 1:08x}-{dead.stdout.strip()}-{later}-ijkl9012",
+        "owner-alive": f"other.{host}-{os.getppid()}-{later}-mnop3456",
+        "not-a-sandbox": "notes-of-the-user",
+    }
+    for name in names.values():
+        (tmp_path / name).mkdir()
+    assert asyncio.run(backend.reap()) == 3
+    left = {kind for kind, name in names.items() if (tmp_path / name).exists()}
+    assert left == {"other-host", "owner-alive", "not-a-sandbox"}
+    assert workdir.is_dir()  # this process's own, alive
+    asyncio.run(sandbox.close())
+    assert not workdir.exists()
+
+
+def test_a_sandbox_of_the_earlier_layout_is_reaped_by_its_owner_file(tmp_path: Path) -> None:
     """Another run's reaper may list the root between a sandbox's directory and its owner file (or
     while that file is being written): it is not abandoned, unless it has stayed so for long."""
     backend = LocalBackend({"root": str(tmp_path), "isolation": "none"})

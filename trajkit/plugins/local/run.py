@@ -50,10 +50,9 @@ STDIN_WAIT = 10.0
 
 
 class LocalSandbox(Sandbox):
-    def __init__(self, backend: LocalBackend, base: str, workdir: str, cwd: str) -> None:
+    def __init__(self, backend: LocalBackend, workdir: str, cwd: str) -> None:
         self.backend = backend
-        self.base = base
-        self.name = os.path.basename(base)
+        self.name = os.path.basename(workdir)
         self.execs = 0
         self.workdir = workdir
         self.cwd = cwd
@@ -84,7 +83,7 @@ class LocalSandbox(Sandbox):
                 **BASE_ENV,
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "HOME": workdir,
-                "TMPDIR": os.path.join(base, "tmp"),
+                "TMPDIR": f"{workdir}.tmp",  # beside the prompt's files, not among them
                 MARKER: self.name,
             }
 
@@ -251,7 +250,9 @@ class LocalSandbox(Sandbox):
             cgroups.release(self.cgroup)
         if self.supervisor is not None:
             shutil.rmtree(self.supervisor.control, True)
-        shutil.rmtree(self.base, True)
+        if not self.backend.isolated and self.ran_commands:
+            shutil.rmtree(self.env["TMPDIR"], True)
+        shutil.rmtree(self.workdir, True)
 
 
 class LocalProcess(SandboxProcess):
