@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -417,3 +418,24 @@ def test_a_sandbox_of_the_earlier_layout_is_reaped_by_its_owner_file(tmp_path: P
         os.utime(base, (long_ago, long_ago))
     assert asyncio.run(backend.reap()) == 2
     assert not making.exists() and not writing.exists()
+
+
+def test_account_files_written_by_several_processes_at_once(tmp_path: Path) -> None:
+    """Each worker process of a run prepares the same sandbox root as it opens its first sandbox."""
+    errors: list[BaseException] = []
+
+    def write_many() -> None:
+        try:
+            for _ in range(200):
+                bubblewrap.write_account_files(str(tmp_path))
+        except BaseException as exc:  # any failure of a writer is the finding
+            errors.append(exc)
+
+    writers = [threading.Thread(target=write_many) for _ in range(4)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert errors == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["group", "passwd"]
+    assert f"{bubblewrap.INSIDE_USER}:x:" in (tmp_path / "passwd").read_text()

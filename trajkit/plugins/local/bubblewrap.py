@@ -28,6 +28,7 @@ import functools
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -158,10 +159,12 @@ def write_account_files(directory: str) -> tuple[str, str]:
         if host and not host[-1].endswith("\n"):
             host[-1] += "\n"
         path = os.path.join(directory, name)
-        with open(path + ".new", "w") as handle:
+        # A name of its own: the run's worker processes write the same files at the same moment.
+        descriptor, partial = tempfile.mkstemp(prefix=f"{name}.", suffix=".new", dir=directory)
+        with os.fdopen(descriptor, "w") as handle:
             handle.write("".join(host) + line)
-        os.chmod(path + ".new", 0o644)
-        os.replace(path + ".new", path)
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)
         made.append(path)
     return made[0], made[1]
 
