@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -35,6 +34,7 @@ from trajkit.run.attempt import SessionFailure
 from trajkit.run.dataset import RowError, WorkItem
 from trajkit.run.executor import Executor, SessionPlan, WorkOrder
 from trajkit.run.finalize import merge_run
+from trajkit.run.heap import settle_for_sessions, unsettle
 from trajkit.run.invocation import Invocation
 from trajkit.run.ledger import LedgerIndex, Location, scan
 from trajkit.run.lock import RunLocked
@@ -323,7 +323,7 @@ class Runner:
     ) -> None:
         # Everything made so far (modules, plugins, the plan with an object per dataset row) lives
         # through the sessions; frozen, full collections stop re-scanning it while sessions allocate.
-        gc.freeze()
+        collector = settle_for_sessions()
         try:
             with Reporter(recorder.counters, quiet=self.config.quiet) as reporter:
                 recorder.reporter = reporter
@@ -337,7 +337,7 @@ class Runner:
                     if not self.stopping_sessions or (current is not None and current.cancelling()):
                         raise
         finally:
-            gc.unfreeze()
+            unsettle(collector)
             await self.invocation.stop_keeping()
             await recorder.close()
 

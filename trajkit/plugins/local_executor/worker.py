@@ -24,6 +24,7 @@ from trajkit.model.ratelimit import RequestLimiter, own_wait, shared_limits
 from trajkit.plugins.local_executor.channel import Channel
 from trajkit.plugins.local_executor.pool import plugin_names
 from trajkit.run.executor import Failed, Outcome, SessionPlan, WorkOrder
+from trajkit.run.heap import settle_for_sessions
 
 if TYPE_CHECKING:
     from trajkit.run.attempt import Sessions
@@ -116,6 +117,7 @@ class Worker:
             with shared_limits(limiter_of_the_run):
                 await sessions.open()
             sessions.listen(self._paid)
+            settle_for_sessions()  # this process runs sessions until it exits
         except Exception as exc:
             self.channel.send("failed", *portable(exc))
             return

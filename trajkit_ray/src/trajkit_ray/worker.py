@@ -20,6 +20,7 @@ from trajkit.manager import load_plugins
 from trajkit.model.ratelimit import RequestLimiter, shared_limits
 from trajkit.run.attempt import Sessions
 from trajkit.run.executor import Failed, Outcome, SessionPlan, WorkOrder
+from trajkit.run.heap import settle_for_sessions
 from trajkit_ray.limiter import RemoteLimiter
 
 log = logging.getLogger("trajkit")
@@ -83,6 +84,7 @@ class SessionWorker:
             await sessions.open()
         if limits and limiter is not None:  # before any session, so the first request finds them
             await limiter.configure.remote(*limits[0])
+        settle_for_sessions()  # this actor's process runs sessions until the run ends
         return socket.gethostname()
 
     async def exchange(
