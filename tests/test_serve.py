@@ -424,14 +424,19 @@ def test_body_size_limit(model_server: OpenAITestServer, keys: tuple[Path, Path]
 
 
 def sandboxes(root: Path) -> list[str]:
+    """The sandboxes' directories in ``root`` (an unconfined one's ``NAME.tmp`` beside it not counted)."""
+    return [name for name in entries(root) if not name.endswith(".tmp")]
+
+
+def entries(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir()) if root.exists() else []
 
 
 def wait_until_empty(root: Path, seconds: float = 5.0) -> list[str]:
     deadline = time.monotonic() + seconds
-    while sandboxes(root) and time.monotonic() < deadline:
+    while entries(root) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return sandboxes(root)
+    return entries(root)
 
 
 def test_concurrency_cap_and_time_limit(
@@ -562,7 +567,7 @@ def test_recorded_sessions_are_a_run_directory(
         model=MODEL, messages=[{"role": "user", "content": f"Keep this secret {SERVER_KEY} r1"}]
     )
     assert process.stop() == 0, process.stderr
-    assert sandboxes(root) == []
+    assert entries(root) == []
     ledger = [r for path in sorted(run_dir.glob("batch_*.jsonl")) for r in read_jsonl(path)]
     assert ledger and all(r["metadata"]["served"] for r in ledger)
     text = json.dumps(ledger)

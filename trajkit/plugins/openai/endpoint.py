@@ -9,6 +9,7 @@ shows URLs without credentials or query strings.
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import email.utils
 import logging
@@ -172,29 +173,37 @@ async def check_endpoint(base_url: str, api_key: str, model: str, *, timeout: fl
     """One cheap request before the run; raises :class:`ModelEndpointError` or :class:`ModelNotFound`."""
     base = base_url.rstrip("/")
     proxy = env_proxy(base)
-    async with client_session(api_key, connections=2, timeout=timeout) as session:
-        status, headers, raw = await _get(session, f"{base}/models", timeout, proxy)
+    try:
+        async with client_session(api_key, connections=2, timeout=timeout) as session:
+            await _check(session, base, model, timeout, proxy)
+    finally:
+        await asyncio.sleep(0)  # the closed connections let go of their sockets on the loop's next turn
+
+
+async def _check(
+    session: aiohttp.ClientSession, base: str, model: str, timeout: float, proxy: dict[str, Any]
+) -> None:
+    """Ask ``base`` for its model list (and OpenRouter for the key's standing) through ``session``."""
+    status, headers, raw = await _get(session, f"{base}/models", timeout, proxy)
+    if status in (401, 403):
+        raise _refused(status, raw)
+    if 300 <= status < 400:
+        raise redirect_error(status, headers.get("Location"), f"{base}/models")
+    if status in (404, 405):
+        log.info(
+            "%s has no model list (%d): continuing; if its API lives under /v1, add that to --base_url",
+            public(base),
+            status,
+        )
+    elif status >= 400:
+        log.warning("%s/models answered %d: the model could not be checked; continuing", public(base), status)
+    else:
+        _check_model(model, raw, headers, base)
+    if (urlsplit(base).hostname or "").endswith("openrouter.ai"):
+        # OpenRouter lists its models without a key: its key endpoint checks the key.
+        status, _, raw = await _get(session, f"{base}/key", timeout, proxy)
         if status in (401, 403):
             raise _refused(status, raw)
-        if 300 <= status < 400:
-            raise redirect_error(status, headers.get("Location"), f"{base}/models")
-        if status in (404, 405):
-            log.info(
-                "%s has no model list (%d): continuing; if its API lives under /v1, add that to --base_url",
-                public(base),
-                status,
-            )
-        elif status >= 400:
-            log.warning(
-                "%s/models answered %d: the model could not be checked; continuing", public(base), status
-            )
-        else:
-            _check_model(model, raw, headers, base)
-        if (urlsplit(base).hostname or "").endswith("openrouter.ai"):
-            # OpenRouter lists its models without a key: its key endpoint checks the key.
-            status, _, raw = await _get(session, f"{base}/key", timeout, proxy)
-            if status in (401, 403):
-                raise _refused(status, raw)
 
 
 async def _get(

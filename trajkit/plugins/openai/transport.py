@@ -18,6 +18,7 @@ What the aiohttp transport makes explicit, because a model call is paid for:
 
 from __future__ import annotations
 
+import asyncio
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -135,6 +136,7 @@ class AiohttpTransport(Transport):
     async def aclose(self) -> None:
         if self.session is not None:
             await self.session.close()
+            await asyncio.sleep(0)  # the closed connections let go of their sockets on the loop's next turn
 
 
 def disconnected(exc: BaseException) -> str:
