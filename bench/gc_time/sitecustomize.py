@@ -1,9 +1,10 @@
 """The garbage collector's CPU in every Python process started with this directory on PYTHONPATH.
 
-    TRAJKIT_BENCH_GC_DIR=/tmp/gc PYTHONPATH=bench/gc_time python -m bench.scaling --inflight 1000 --modes file
+    TRAJKIT_BENCH_GC_DIR=/tmp/gc PYTHONPATH=$PWD/bench/gc_time python -m bench.scaling --inflight 1000 --modes file
 
-Each process (the benchmark, the load server, the runner, its workers) writes one line to a file of
-its own in TRAJKIT_BENCH_GC_DIR when it exits: its command, the CPU seconds its collections took by
+The path must be absolute: the benchmark starts its children in the temporary directory. Each
+process (the benchmark, the load server, the runner, its workers) writes one line to a file of its
+own in TRAJKIT_BENCH_GC_DIR when it exits: its command, the CPU seconds its collections took by
 generation, how many there were, and its CPU in all.
 """
 

@@ -3,8 +3,8 @@
 A thousand sessions in flight allocate hundreds of thousands of objects a second, nearly all freed
 by their reference counts; with the interpreter's defaults (a collection of the youngest generation
 every 700 allocations, each promoting what is alive at that moment towards the full collections)
-the collector took 13 % of a worker process's CPU at 1,000 sessions in flight
-(BENCHMARKS.md, section 2).
+the collector took 11-13 % of a worker process's CPU at 1,000 sessions in flight, and 30 % of the
+load server's (BENCHMARKS.md, section 2, "Fewer inodes, a quieter collector").
 """
 
 from __future__ import annotations
