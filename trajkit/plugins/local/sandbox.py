@@ -72,8 +72,8 @@ SANDBOX_NAME = re.compile(
 """A sandbox's working directory is named ``RUN_ID.HOST-PID-DEADLINE-XXXXXXXX``: its owner (a hash
 of the host's name, the process id), when its lifetime ends (Unix seconds) and
 :func:`tempfile.mkdtemp`'s eight characters. A reaper reads all it needs from the name, so nothing
-but the prompt's files is made on disk, where every inode costs the kernel 0.3-1 ms on a busy
-ext4 (``bench.sandbox_dirs``). ``NAME.tmp`` beside it is an unconfined sandbox's ``TMPDIR``."""
+but the prompt's files is made on disk, where every inode costs the kernel up to a millisecond on a
+busy ext4 (``bench.sandbox_dirs``). ``NAME.tmp`` beside it is an unconfined sandbox's ``TMPDIR``."""
 EARLIER_NAME = re.compile(r"^.+\.[a-z0-9_]{8}$")
 """A sandbox directory of the earlier layout: an owner file beside the working directory ``w``."""
 EARLIER_OWNER_FILE = "owner.json"
