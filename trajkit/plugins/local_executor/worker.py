@@ -247,9 +247,7 @@ def portable(exc: BaseException) -> tuple[Any, str]:
 
 async def main(fd: int) -> None:
     pipe = socket.socket(fileno=fd)
-    pipe.set_inheritable(
-        False
-    )  # handed over inheritable; no program this worker starts may write to the runner
+    pipe.set_inheritable(False)  # handed over inheritable; no program the worker starts may use it
     channel = await Channel.connect(pipe)
     await Worker(channel).serve()
 

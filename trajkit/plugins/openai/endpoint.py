@@ -169,15 +169,22 @@ def client_session(api_key: str, *, connections: int, timeout: float) -> aiohttp
     )
 
 
+async def close_session(session: aiohttp.ClientSession) -> None:
+    """Close ``session`` and its sockets: aiohttp's closed connections let go of theirs on the
+    loop's next turn, which a run that ends right after would never reach."""
+    await session.close()
+    await asyncio.sleep(0)
+
+
 async def check_endpoint(base_url: str, api_key: str, model: str, *, timeout: float = CHECK_TIMEOUT) -> None:
     """One cheap request before the run; raises :class:`ModelEndpointError` or :class:`ModelNotFound`."""
     base = base_url.rstrip("/")
     proxy = env_proxy(base)
+    session = client_session(api_key, connections=2, timeout=timeout)
     try:
-        async with client_session(api_key, connections=2, timeout=timeout) as session:
-            await _check(session, base, model, timeout, proxy)
+        await _check(session, base, model, timeout, proxy)
     finally:
-        await asyncio.sleep(0)  # the closed connections let go of their sockets on the loop's next turn
+        await close_session(session)
 
 
 async def _check(

@@ -18,7 +18,6 @@ What the aiohttp transport makes explicit, because a model call is paid for:
 
 from __future__ import annotations
 
-import asyncio
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -37,6 +36,7 @@ from trajkit.model import (
 from trajkit.plugins.openai.endpoint import (
     CONNECT_TIMEOUT,
     client_session,
+    close_session,
     connect_failure,
     env_proxy,
     redirect_error,
@@ -135,8 +135,7 @@ class AiohttpTransport(Transport):
 
     async def aclose(self) -> None:
         if self.session is not None:
-            await self.session.close()
-            await asyncio.sleep(0)  # the closed connections let go of their sockets on the loop's next turn
+            await close_session(self.session)
 
 
 def disconnected(exc: BaseException) -> str:
