@@ -151,7 +151,8 @@ class LocalSandbox(Sandbox):
         # daemons) can be killed without touching the commands running beside it.
         os.makedirs(self.env["TMPDIR"], exist_ok=True)
         self.execs += 1
-        tag = f"{self.name}/{self.execs}"
+        number = self.execs  # its own: commands started at once all wait for the sandbox's cgroups
+        tag = f"{self.name}/{number}"
         cgroups = self.backend.cgroups
         joins: list[str] = []
         own_cgroup = ""
@@ -159,7 +160,7 @@ class LocalSandbox(Sandbox):
             if self.joins is None:
                 async with self.starting:
                     await self._sandbox_cgroups_off_loop()
-            own_cgroup, joins = self._command_cgroup(cgroups)
+            own_cgroup, joins = self._command_cgroup(cgroups, number)
         full_env = {**self.env, **(env or {}), MARKER: tag}
         argv = [self.backend.shell, "-c", command]
         if joins:
@@ -182,10 +183,11 @@ class LocalSandbox(Sandbox):
             truncated=proc.stdout.truncated or proc.stderr.truncated,
         )
 
-    def _command_cgroup(self, cgroups: local_cgroups.Cgroups) -> tuple[str, list[str]]:
+    def _command_cgroup(self, cgroups: local_cgroups.Cgroups, number: int) -> tuple[str, list[str]]:
         """A cgroup of its own for an unconfined command, below the sandbox's: one an earlier
         command left empty (making and removing one waits for the kernel's cgroup lock, 1-2 ms on
-        a busy machine), else a new one; its name and the ``cgroup.procs`` files to join."""
+        a busy machine), else a new one named after the command's ``number``; its name and the
+        ``cgroup.procs`` files to join."""
         for index, name in enumerate(self.spare_cgroups):
             if cgroups.empty(name):
                 del self.spare_cgroups[index]
@@ -193,7 +195,7 @@ class LocalSandbox(Sandbox):
                     os.path.join(parent, name, "cgroup.procs") for parent in cgroups.parents.values()
                 ]
             cgroups.kill(name)  # still dying, or something outran the last kill
-        name = f"{self.cgroup}/c{self.execs}"
+        name = f"{self.cgroup}/c{number}"
         return name, cgroups.create(name, limits=False)
 
     async def start_process(
