@@ -1,0 +1,173 @@
+"""Where a terminal session's CPU goes with the safe defaults, every process it starts counted.
+
+Two parts, each measured with a cgroup v1 ``cpuacct`` group of its own (:class:`bench.common.TreeCPU`:
+whatever a process starts stays in it, even what another process reaps):
+
+- *program starts*: ``--starts`` times each, the CPU of one start of a program (its ``exec``, its
+  run and its exit; the fork is this process's): ``/bin/true`` (what any program start costs here),
+  ``setpriv`` as the sandboxes' host user (as root only), bubblewrap with a session's own options
+  running ``/bin/true``, and the same running ``bash -c true`` (the supervisor's shell);
+- *sessions*: ``--sessions`` local sandboxes with the defaults, ``--concurrency`` at once, each
+  running ``--commands`` ``terminal`` calls of the builtin ``true`` (the state kept between calls,
+  as the tool does), in a child process; the child's own start is measured once with no session
+  and taken off. The slope between two command counts is what a command costs after the first.
+
+    python -m bench.sandbox_start                       # 200 starts each, 300 sessions of 1 and 4 commands
+    python -m bench.sandbox_start --sessions 300 --commands 1,4,10 --concurrency 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import common
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.sandbox_start", description=__doc__.split("\n")[0])
+    parser.add_argument("--starts", type=int, default=200, help="starts of each program (default 200)")
+    parser.add_argument("--sessions", type=int, default=300, help="sessions per command count (default 300)")
+    parser.add_argument(
+        "--commands", default="1,4", help="comma-separated terminal calls per session (default 1,4)"
+    )
+    parser.add_argument("--concurrency", type=int, default=50, help="sessions at once (default 50)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--child", nargs=3, type=int, metavar=("SESSIONS", "COMMANDS", "AT_ONCE"), help=argparse.SUPPRESS
+    )
+    common.add_source_arg(parser)
+    return parser.parse_args(argv)
+
+
+def _session_argv() -> tuple[list[str], list[str], list[str]]:
+    """The ``setpriv`` prefix (empty unless root) and bubblewrap's options for one session, as the
+    local backend makes them, and the directories made for it (to remove afterwards)."""
+    from trajkit.plugins.local import bubblewrap
+    from trajkit.plugins.local.sandbox import LocalBackend
+
+    backend = LocalBackend({"isolation": "bwrap"})
+    backend._prepare_root()
+    assert backend.confinement is not None
+    workdir = backend._make("bench-start", time.time() + 600)
+    control = backend.control_dir(os.path.basename(workdir))
+    options = backend.confinement.options(workdir, "/workspace", control, {"PATH": bubblewrap.PATH})
+    prefix, _ = bubblewrap.as_user(backend.host_user)
+    return prefix, options, [workdir, backend.control_root]
+
+
+def _starts(count: int) -> list[dict[str, Any]]:
+    prefix, options, made = _session_argv()
+    try:
+        return _start_rows(count, prefix, options)
+    finally:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _start_rows(count: int, prefix: list[str], options: list[str]) -> list[dict[str, Any]]:
+    programs = [("/bin/true", ["/bin/true"])]
+    if prefix:
+        programs.append(("setpriv as the sandboxes' user, then /bin/true", [*prefix, "/bin/true"]))
+    bwrap = [*prefix, "bwrap", *options, "--"]
+    programs += [
+        ("bubblewrap with a session's options, then /bin/true", [*bwrap, "/bin/true"]),
+        ("the same, then bash -c true", [*bwrap, "bash", "--noprofile", "--norc", "-c", "true"]),
+    ]
+    rows = []
+    for name, argv in programs:
+        tree = common.TreeCPU()
+        for _ in range(count):
+            subprocess.run(argv, check=True, cwd="/", preexec_fn=tree.join)
+        used = tree.finish()
+        if used is None:
+            raise SystemExit("no writable cgroup v1 cpuacct hierarchy here: nothing can be counted")
+        rows.append({"program": name, "starts": count, "cpu_ms_per_start": round(1e3 * used / count, 3)})
+        print(f"{name:55s} {rows[-1]['cpu_ms_per_start']:.2f} ms of CPU per start", flush=True)
+    return rows
+
+
+async def _sessions(count: int, commands: int, at_once: int) -> None:
+    from trajkit.plugins.local.sandbox import LocalBackend
+    from trajkit.plugins.toolsets import TerminalSession, terminal_command
+    from trajkit.sandbox import SandboxSpec
+
+    backend = LocalBackend({"isolation": "bwrap"})
+    gate = asyncio.Semaphore(at_once)
+
+    async def one(i: int) -> None:
+        async with gate:
+            sandbox = await backend.create(SandboxSpec(run_id="bench-start", work_id=f"w.{i}"))
+            state = TerminalSession()
+            for _ in range(commands):
+                script, env = terminal_command("true", "", state, save=True)
+                result = await sandbox.exec(script, timeout=60, env=env)
+                assert result.exit_code == 0, result
+            await sandbox.close()
+
+    await asyncio.gather(*(one(i) for i in range(count)))
+    await backend.aclose()
+
+
+def _tree_cpu_of_child(args: argparse.Namespace, sessions: int, commands: int) -> float:
+    tree = common.TreeCPU()
+    child = [sys.executable, "-m", "bench.sandbox_start", "--child", str(sessions), str(commands)]
+    subprocess.run(
+        [*child, str(args.concurrency)],
+        check=True,
+        preexec_fn=tree.join,
+        env=common.child_env(),
+    )
+    used = tree.finish()
+    if used is None:
+        raise SystemExit("no writable cgroup v1 cpuacct hierarchy here: nothing can be counted")
+    return used
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    common.use_source(args.source)
+    if args.child:
+        asyncio.run(_sessions(*args.child))
+        return {}
+    results: dict[str, Any] = {"figure": "a terminal session's CPU, every process counted"}
+    results["starts"] = _starts(args.starts)
+    start_up = _tree_cpu_of_child(args, 0, 0)
+    rows = []
+    for commands in [int(part) for part in args.commands.split(",")]:
+        used = _tree_cpu_of_child(args, args.sessions, commands) - start_up
+        rows.append(
+            {
+                "commands": commands,
+                "sessions": args.sessions,
+                "cpu_ms_per_session": round(1e3 * used / args.sessions, 3),
+            }
+        )
+        print(
+            f"a session with {commands} terminal calls: {rows[-1]['cpu_ms_per_session']:.2f} ms of CPU in all",
+            flush=True,
+        )
+    if len(rows) > 1:
+        first, last = rows[0], rows[-1]
+        slope = (last["cpu_ms_per_session"] - first["cpu_ms_per_session"]) / (
+            last["commands"] - first["commands"]
+        )
+        results["cpu_ms_per_command_after_the_first"] = round(slope, 3)
+        print(f"a terminal call after the first: {slope:.2f} ms of CPU in all", flush=True)
+    results["sessions"] = rows
+    results["machine"] = common.machine()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
