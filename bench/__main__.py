@@ -21,6 +21,7 @@ from bench import (
     ledger_scale,
     sandbox_dirs,
     sandbox_overhead,
+    sandbox_start,
     scaling,
     turn_cpu,
 )
@@ -30,6 +31,7 @@ BENCHMARKS = {
     "scaling": scaling.main,
     "sandbox_overhead": sandbox_overhead.main,
     "sandbox_dirs": sandbox_dirs.main,
+    "sandbox_start": sandbox_start.main,
     "ledger_scale": ledger_scale.main,
     "compress": compress.main,
     "cold_start": cold_start.main,

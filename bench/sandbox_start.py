@@ -95,8 +95,7 @@ def _start_rows(count: int, prefix: list[str], options: list[str]) -> list[dict[
 
 def _tree_cpu_of_starts(count: int, argv: list[str]) -> float:
     tree = common.TreeCPU()
-    if tree.path is None:
-        raise SystemExit("no writable cgroup v1 cpuacct hierarchy here: nothing can be counted")
+    assert tree.path is not None  # checked by _cannot_measure
     join = 'echo $$ > "$0"' + (' && exec "$@"' if argv else "")
     for _ in range(count):
         subprocess.run(
@@ -139,9 +138,24 @@ def _tree_cpu_of_child(args: argparse.Namespace, sessions: int, commands: int) -
         env=common.child_env(),
     )
     used = tree.finish()
-    if used is None:
-        raise SystemExit("no writable cgroup v1 cpuacct hierarchy here: nothing can be counted")
+    assert used is not None
     return used
+
+
+def _cannot_measure() -> str | None:
+    """Why nothing can be measured here (no bubblewrap, no cpuacct group to count in), or None."""
+    from trajkit.plugins.local.sandbox import LocalBackend
+    from trajkit.sandbox import SandboxError
+
+    try:
+        LocalBackend({"isolation": "bwrap"})
+    except SandboxError as exc:
+        return str(exc)
+    probe = common.TreeCPU()
+    if probe.path is None:
+        return "no writable cgroup v1 cpuacct hierarchy here to count every process in"
+    probe.finish()
+    return None
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -149,6 +163,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     common.use_source(args.source)
     if args.child:
         asyncio.run(_sessions(*args.child))
+        return {}
+    problem = _cannot_measure()
+    if problem:
+        print(f"skipped: {problem}")
         return {}
     results: dict[str, Any] = {"figure": "a terminal session's CPU, every process counted"}
     results["starts"] = _starts(args.starts)
