@@ -22,10 +22,8 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -48,29 +46,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _session_argv() -> tuple[list[str], list[str], list[str]]:
-    """The ``setpriv`` prefix (empty unless root) and bubblewrap's options for one session, as the
-    local backend makes them, and the directories made for it (to remove afterwards)."""
+async def _starts(count: int) -> list[dict[str, Any]]:
+    """The program starts, with bubblewrap's options for a session of the local backend's own."""
     from trajkit.plugins.local import bubblewrap
+    from trajkit.plugins.local.run import LocalSandbox
     from trajkit.plugins.local.sandbox import LocalBackend
+    from trajkit.sandbox import SandboxSpec
 
     backend = LocalBackend({"isolation": "bwrap"})
-    backend._prepare_root()
-    assert backend.confinement is not None
-    workdir = backend._make("bench-start", time.time() + 600)
-    control = backend.control_dir(os.path.basename(workdir))
-    options = backend.confinement.options(workdir, "/workspace", control, {"PATH": bubblewrap.PATH})
-    prefix, _ = bubblewrap.as_user(backend.host_user)
-    return prefix, options, [workdir, backend.control_root]
-
-
-def _starts(count: int) -> list[dict[str, Any]]:
-    prefix, options, made = _session_argv()
-    try:
-        return _start_rows(count, prefix, options)
+    sandbox = await backend.create(SandboxSpec(run_id="bench-start", work_id="w.starts"))
+    assert isinstance(sandbox, LocalSandbox) and backend.confinement is not None
+    try:  # the control directory goes with the backend's
+        control = backend.control_dir(sandbox.name)
+        options = backend.confinement.options(sandbox.workdir, sandbox.cwd, control, sandbox.env)
+        return _start_rows(count, bubblewrap.as_user(backend.host_user)[0], options)
     finally:
-        for path in made:
-            shutil.rmtree(path, ignore_errors=True)
+        await sandbox.close()
+        await backend.aclose()
 
 
 def _start_rows(count: int, prefix: list[str], options: list[str]) -> list[dict[str, Any]]:
@@ -169,7 +161,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"skipped: {problem}")
         return {}
     results: dict[str, Any] = {"figure": "a terminal session's CPU, every process counted"}
-    results["starts"] = _starts(args.starts)
+    results["starts"] = asyncio.run(_starts(args.starts))
     start_up = _tree_cpu_of_child(args, 0, 0)
     rows = []
     for commands in [int(part) for part in args.commands.split(",")]:
