@@ -280,15 +280,15 @@ def test_an_unconfined_commands_cgroup_is_emptied_before_the_next_uses_it(tmp_pa
 def test_unconfined_first_commands_at_once_each_get_a_cgroup_of_their_own(tmp_path: Path) -> None:
     """A model's first turn may call several commands at once: each still gets a cgroup of its
     own, so none is killed when another one's leftovers are."""
-    cgroup_of = "grep -E ':pids:|^0::' /proc/self/cgroup"
+    # Each command says its cgroup, then waits until all eight of its wave have: they run at once.
+    together = "grep -E ':pids:|^0::' /proc/self/cgroup | tee {0}.{1}; until [ $(ls {0}.* | wc -l) -eq 8 ]; do sleep 0.05; done"
 
     async def body(sb: Sandbox) -> None:
         assert isinstance(sb, LocalSandbox)
         if not sb.backend.cgroups:
             need_engine("cgroups", "no cgroup can be made here")
-        for _ in range(3):  # the first wave starts the sandbox's cgroups, the later ones reuse theirs
-            wave = [sb.exec(f"sleep 0.{i}; {cgroup_of}", timeout=30) for i in range(8)]
-            results = await asyncio.gather(*wave)
+        for wave in range(3):  # the first starts the sandbox's cgroups, the later ones reuse theirs
+            results = await asyncio.gather(*(sb.exec(together.format(wave, i), timeout=30) for i in range(8)))
             assert [r.exit_code for r in results] == [0] * 8, results
             assert len({r.stdout for r in results}) == 8, "commands running at once share no cgroup"
 
