@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import tempfile
 import time
@@ -100,8 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     results = {"figure": "a local sandbox's directories and two files, made and removed", "rows": rows}
     results["machine"] = common.machine()
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    common.save_json(args.json, results)
     return results
 
 

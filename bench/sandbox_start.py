@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -186,8 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"a terminal call after the first: {slope:.2f} ms of CPU in all", flush=True)
     results["sessions"] = rows
     results["machine"] = common.machine()
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    common.save_json(args.json, results)
     return results
 
 
