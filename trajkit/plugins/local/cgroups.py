@@ -43,7 +43,11 @@ class Cgroups:
             self.made += 1
             name = f"s{self.made}"
             return name, self.create(name)
-        return name, [os.path.join(parent, name, "cgroup.procs") for parent in self.parents.values()]
+        return name, self.joins(name)
+
+    def joins(self, name: str) -> list[str]:
+        """The ``cgroup.procs`` files a process writes its pid to, to join the cgroups ``name``."""
+        return [os.path.join(parent, name, "cgroup.procs") for parent in self.parents.values()]
 
     def release(self, name: str) -> None:
         """Kill whatever is left in the sandbox cgroup ``name`` and its children, and pool it."""
@@ -59,15 +63,13 @@ class Cgroups:
     def create(self, name: str, *, limits: bool = True) -> list[str]:
         """Make the cgroups ``name`` (a sandbox, or ``sandbox/command`` below one, which its
         sandbox's limits already bound); the ``cgroup.procs`` files to join."""
-        joins = []
         for controller, parent in self.parents.items():
             path = os.path.join(parent, name)
             os.makedirs(path, exist_ok=True)
             for limit_file, value in self._limits(controller) if limits else ():
                 with open(os.path.join(path, limit_file), "w") as handle:
                     handle.write(str(value))
-            joins.append(os.path.join(path, "cgroup.procs"))
-        return joins
+        return self.joins(name)
 
     def _limits(self, controller: str) -> list[tuple[str, int | str]]:
         if self.v2:

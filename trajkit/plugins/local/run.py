@@ -191,9 +191,7 @@ class LocalSandbox(Sandbox):
         for index, name in enumerate(self.spare_cgroups):
             if cgroups.empty(name):
                 del self.spare_cgroups[index]
-                return name, [
-                    os.path.join(parent, name, "cgroup.procs") for parent in cgroups.parents.values()
-                ]
+                return name, cgroups.joins(name)
             cgroups.kill(name)  # still dying, or something outran the last kill
         name = f"{self.cgroup}/c{number}"
         return name, cgroups.create(name, limits=False)
