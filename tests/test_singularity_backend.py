@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -469,6 +470,71 @@ def test_process_limit_reaches_the_instance(apptainer: None, cache_dir: Path) ->
             await sb.close()
 
     asyncio.run(body())
+
+
+SHELLS = [
+    pytest.param(["/bin/sh"], id="host-sh"),
+    pytest.param(
+        [str(SANDBOX_DIR / "bin" / "busybox"), "sh"],
+        id="image-busybox",
+        marks=pytest.mark.engine("apptainer"),
+    ),
+]
+
+
+def held_zombie() -> subprocess.Popen[bytes]:
+    """A child that has exited and is not reaped until the caller waits for it."""
+    child = subprocess.Popen(["true"])
+    stat = Path(f"/proc/{child.pid}/stat")
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)
+    return child
+
+
+def wait_for_reaping(shell: list[str], seconds: int, pid: int) -> tuple[str, float]:
+    """Run the sweep's ``reaped`` in ``shell`` with a ``sleep`` that cannot start, as in an instance
+    whose process limit is full; returns whether ``pid`` was still there after it, and its seconds."""
+    from trajkit_singularity import scripts
+
+    script = scripts.KILLER.rsplit("sweep ", 1)[0] + textwrap.dedent(
+        """
+        sleep() { return 1; }
+        reaped "$1" "$2"
+        if [ -e "/proc/$2" ]; then echo alive; else echo gone; fi
+        """
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [*shell, "-c", script, "reaped", str(seconds), str(pid)], capture_output=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stderr == b"", done
+    return done.stdout.decode().strip(), time.monotonic() - started
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_sweep_waits_for_its_victims_to_be_reaped_when_no_process_can_start(shell: list[str]) -> None:
+    if len(shell) > 1:
+        need_engine("apptainer", UNAVAILABLE)
+    zombie = held_zombie()
+    reaper = threading.Timer(0.5, zombie.wait)
+    reaper.start()
+    try:
+        assert wait_for_reaping(shell, 20, zombie.pid)[0] == "gone"
+    finally:
+        reaper.join()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_sweep_stops_waiting_at_its_deadline(shell: list[str]) -> None:
+    if len(shell) > 1:
+        need_engine("apptainer", UNAVAILABLE)
+    zombie = held_zombie()
+    try:
+        state, seconds = wait_for_reaping(shell, 1, zombie.pid)
+    finally:
+        zombie.wait()
+    assert state == "alive"
+    assert seconds >= 0.9, "it returned before its deadline"
 
 
 @pytest.mark.engine("apptainer")

@@ -36,10 +36,32 @@ MARKER_VARIABLE = "TRAJKIT_EXEC_ID"
 # outside the instance's PID namespace (parent pid 0), so concurrent execs are left alone. Victims are
 # stopped first and killed together, so none sees another die (no shell reports "Killed"); repeated
 # because a process may fork between listing and kill. The sweep returns once its victims are reaped
-# (by the instance's init, five seconds at most): a killed process is a zombie until then and still
-# holds a slot of the instance's process limit, so an exec that returned sooner could leave the next
-# one unable to start (Apptainer's own starter needs a dozen).
+# (by the instance's init, five seconds at most): a killed process holds a slot of the instance's
+# process limit until it has exited and been reaped, so an exec that returned sooner could leave the
+# next one unable to start (Apptainer's own starter needs a dozen).
+#
+# reaped SECONDS PID...: waits until none of the PIDs exists any more, or SECONDS have passed. The
+# clock is /proc/uptime, read by the shell itself: right after a kill the limit is often still full,
+# so `sleep` cannot start, and a wait counted in `sleep`s would end at once with its victims alive.
 _SWEEP = r"""
+uptime_centis() {
+    read -r up _ 2>/dev/null </proc/uptime || return 1
+    case $up in *[!0-9.]* | *.*.* | .* | *.) return 1 ;; esac
+    now=$(( ${up%.*} * 100 + 1${up#*.} - 100 ))
+}
+
+reaped() {
+    uptime_centis || return 0
+    deadline=$(( now + $1 * 100 ))
+    shift
+    for pid in "$@"; do
+        while [ -e "/proc/$pid" ]; do
+            uptime_centis && [ "$now" -lt "$deadline" ] || return 0
+            sleep 0.01 2>/dev/null
+        done
+    done
+}
+
 orphan() {
     at=$1 top=
     while [ -n "$at" ] && [ "$at" != 0 ]; do
@@ -74,13 +96,7 @@ sweep() {
         killed="$killed$victims"
         round=$((round + 1))
     done
-    tries=0
-    for pid in $killed; do
-        while [ -e "/proc/$pid" ] && [ "$tries" -lt 500 ]; do
-            sleep 0.01 2>/dev/null
-            tries=$((tries + 1))
-        done
-    done
+    reaped 5 $killed
 }
 """
 
