@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import math
 import os
@@ -31,6 +32,7 @@ from trajkit.sandbox import (
     check_path,
     read_result,
 )
+from trajkit.sandbox.shell import script
 
 if TYPE_CHECKING:
     from trajkit_modal.backend import ModalBackend
@@ -47,90 +49,22 @@ STREAM_GRACE = 5.0
 MAX_SYMLINKS = 16
 """Symlinks one file operation follows; a loop or a long chain ends in ELOOP."""
 
-# Kills every process carrying the exec's marker ($1) in its initial environment, and every process in
-# a session one of them leads, except the calling shell; stopped first so that none sees another
-# die, repeated because a victim may fork meanwhile. A daemon that both clears its environment and
-# starts a session (`env -i setsid daemon &`) escapes it until the sandbox ends: unlike Docker's,
-# Modal's exec is not known to keep a parent outside the container, so orphans cannot be told apart.
-SWEEP = """\
-sweep() {
-    sweep_round=0 sweep_sessions=" "
-    while [ "$sweep_round" -lt 6 ]; do
-        sweep_victims=
-        for sweep_proc in /proc/[0-9]*; do
-            sweep_pid=${sweep_proc#/proc/}
-            [ "$sweep_pid" = "$$" ] && continue
-            read -r sweep_stat 2>/dev/null <"$sweep_proc/stat" || continue
-            set -- ${sweep_stat##*) }
-            [ "$1" = Z ] && continue
-            case $sweep_sessions in
-            *" $4 "*) ;;
-            *)
-                grep -q "TRAJKIT_EXEC_ID=$sweep_marker" "$sweep_proc/environ" 2>/dev/null || continue
-                [ "$4" = "$sweep_pid" ] && sweep_sessions="$sweep_sessions$sweep_pid "
-                ;;
-            esac
-            kill -STOP "$sweep_pid" 2>/dev/null && sweep_victims="$sweep_victims $sweep_pid"
-        done
-        [ -n "$sweep_victims" ] || return 0
-        kill -9 $sweep_victims 2>/dev/null
-        sweep_round=$((sweep_round + 1))
-    done
-}
-"""
 
-# Runs the command ($1, or stdin when $3 is "stdin") in a session and process group of its own,
-# marked by TRAJKIT_EXEC_ID=$2 in the environment of everything it starts; when the command's shell
-# exits its group is killed, then whatever still carries the mark (a `setsid` daemon), so nothing
-# outlives the exec. The wrapper's and the group's ids go to a file named after the exec ($2), for
-# the kill that follows a timeout. Reading stdin keeps trailing newlines (the "x" guard) for
-# here-documents.
-RUN_IN_GROUP = (
-    SWEEP
-    + """\
-c=$1
-if [ "$3" = stdin ]; then c=$(cat; echo x); c=${c%x}; fi
-f=${TMPDIR:-/tmp}/.trajkit-exec-$2
-sweep_marker=$2
-export TRAJKIT_EXEC_ID="$2"
-if command -v setsid >/dev/null 2>&1; then setsid /bin/sh -c "$c" & else /bin/sh -c "$c" & fi
-p=$!
-{ echo "$$ $p" >"$f"; } 2>/dev/null
-wait "$p"
-rc=$?
-kill -9 -"$p" 2>/dev/null
-unset TRAJKIT_EXEC_ID
-sweep
-rm -f "$f"
-exit "$rc"
-"""
-)
+def _script(name: str) -> str:
+    """``scripts/NAME`` of this package, as one line (:func:`trajkit.sandbox.shell.script`)."""
+    return script("trajkit_modal", name)
+
+
+@functools.cache
+def _run_in_group() -> str:
+    return f"{_script('sweep.sh')}; {_script('run_in_group.sh')}"
+
 
 INLINE_COMMAND_LIMIT = 32 * 1024
 """Longer commands travel through stdin: Modal refuses argument lists over 64 KiB."""
 
-# Sent as a second exec after a timeout: Modal has stopped waiting, but the processes may live on.
-KILL_GROUP = """\
-f=${TMPDIR:-/tmp}/.trajkit-exec-$1
-if [ -r "$f" ]; then
-  read -r w p <"$f"
-  kill -9 -"$p" "$w" 2>/dev/null
-  rm -f "$f"
-fi
-exit 0
-"""
-
-
-# Prints the regular file $1 whole when it holds at most $2 bytes (at most $2 + 1 bytes of it, in case
-# it grows), else its first and last $2/2 bytes; `head` and `tail` seek, so the size between them is
-# never read. Exit 22 for anything but a regular file (after symlinks), which is never opened.
-READ_ENDS = """\
-[ -f "$1" ] || { [ -e "$1" ] && exit 22; exit 2; }
-size=$(stat -L -c %s -- "$1" 2>/dev/null || wc -c <"$1")
-if [ "$size" -le "$2" ]; then exec head -c "$(($2 + 1))" -- "$1"; fi
-head -c "$(($2 / 2))" -- "$1" && exec tail -c "$(($2 - $2 / 2))" -- "$1"
-"""
 READ_NOT_REGULAR = 22
+"""``scripts/read_ends.sh``'s exit status for anything but a regular file."""
 
 
 class _Missing(Exception):
@@ -174,7 +108,7 @@ class ModalSandbox(Sandbox):
         start = self.handle.exec.aio(
             "/bin/sh",
             "-c",
-            RUN_IN_GROUP,
+            _run_in_group(),
             "trajkit-exec",
             command if inline else "",
             exec_id,
@@ -240,7 +174,7 @@ class ModalSandbox(Sandbox):
             start = self.handle.exec.aio(
                 "/bin/sh",
                 "-c",
-                KILL_GROUP,
+                _script("kill_group.sh"),
                 "trajkit-kill",
                 exec_id,
                 timeout=30,
@@ -308,7 +242,7 @@ class ModalSandbox(Sandbox):
         start = self.handle.exec.aio(
             "/bin/sh",
             "-c",
-            READ_ENDS,
+            _script("read_ends.sh"),
             "trajkit-read",
             target,
             str(limit),
