@@ -491,35 +491,29 @@ def held_zombie() -> subprocess.Popen[bytes]:
     return child
 
 
-def wait_for_reaping(shell: list[str], seconds: int, pid: int) -> tuple[str, float]:
-    """Run the sweep's ``reaped`` in ``shell`` with a ``sleep`` that cannot start, as in an instance
-    whose process limit is full; returns whether ``pid`` was still there after it, and its seconds."""
+def sweep_function(shell: list[str], call: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """The output of ``call`` (shell text using the sweep's functions, arguments in ``$1``...) run in
+    ``shell``, which must succeed with nothing on stderr."""
     from trajkit_singularity import scripts
 
-    script = scripts.KILLER.rsplit("sweep ", 1)[0] + textwrap.dedent(
-        """
-        sleep() { return 1; }
-        reaped "$1" "$2"
-        if [ -e "/proc/$2" ]; then echo alive; else echo gone; fi
-        """
-    )
-    started = time.monotonic()
-    done = subprocess.run(
-        [*shell, "-c", script, "reaped", str(seconds), str(pid)], capture_output=True, timeout=60
-    )
+    script = scripts.text("sweep") + "\n" + call + "\n"
+    done = subprocess.run([*shell, "-c", script, "sweep", *args], capture_output=True, timeout=60, env=env)
     assert done.returncode == 0 and done.stderr == b"", done
-    return done.stdout.decode().strip(), time.monotonic() - started
+    return done.stdout.decode()
+
+
+WHETHER_GONE = 'reaped "$1" "$2"; if [ -e "/proc/$2" ]; then echo alive; else echo gone; fi'
 
 
 @pytest.mark.parametrize("shell", SHELLS)
-def test_a_sweep_waits_for_its_victims_to_be_reaped_when_no_process_can_start(shell: list[str]) -> None:
+def test_a_sweep_waits_for_its_victims_to_be_reaped(shell: list[str]) -> None:
     if len(shell) > 1:
         need_engine("apptainer", UNAVAILABLE)
     zombie = held_zombie()
     reaper = threading.Timer(0.5, zombie.wait)
     reaper.start()
     try:
-        assert wait_for_reaping(shell, 20, zombie.pid)[0] == "gone"
+        assert sweep_function(shell, WHETHER_GONE, "20", str(zombie.pid)) == "gone\n"
     finally:
         reaper.join()
 
@@ -529,12 +523,53 @@ def test_a_sweep_stops_waiting_at_its_deadline(shell: list[str]) -> None:
     if len(shell) > 1:
         need_engine("apptainer", UNAVAILABLE)
     zombie = held_zombie()
+    started = time.monotonic()
     try:
-        state, seconds = wait_for_reaping(shell, 1, zombie.pid)
+        assert sweep_function(shell, WHETHER_GONE, "1", str(zombie.pid)) == "alive\n"
     finally:
         zombie.wait()
-    assert state == "alive"
-    assert seconds >= 0.9, "it returned before its deadline"
+    assert time.monotonic() - started >= 0.9, "it returned before its deadline"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_sweep_finds_the_marker_wherever_it_lies_in_an_environment(shell: list[str]) -> None:
+    """Read by the shell itself, the environment is NUL-separated and its values may hold newlines."""
+    if len(shell) > 1:
+        need_engine("apptainer", UNAVAILABLE)
+    env = {"A": "one\ntwo\n", "TRAJKIT_EXEC_ID": "f00d", "Z": "last"}
+    marked = 'for m in f00d f00e; do if marked "$$" "$m"; then echo "$m yes"; else echo "$m no"; fi; done'
+    assert sweep_function(shell, marked, env=env) == "f00d yes\nf00e no\n"
+    assert sweep_function(shell, 'marked "$$" f00d || echo unmarked', env={"Z": "last"}) == "unmarked\n"
+    assert sweep_function(shell, "marked 999999999 f00d || echo no process") == "no process\n"
+
+
+@pytest.mark.engine("apptainer")
+def test_an_exec_that_leaves_the_process_limit_full_is_still_swept(apptainer: None, cache_dir: Path) -> None:
+    """Nothing the sweep does after a command needs a process of its own: a shell that cannot fork
+    exits, and the command's processes would outlive the exec (holding its output open until the
+    timeout) with its status lost."""
+
+    async def body() -> None:
+        backend = make_backend(cache_dir, pids_limit="100")
+        sb = await backend.create(spec())
+        counted = instance_pids_file(running_instances()[sb.name])
+        limit = counted.with_name("pids.max")
+        try:
+            before = int(counted.read_text())
+            command = "i=0; while [ $i -lt 10 ]; do sleep 1000 & i=$((i+1)); done; sleep 2; exit 7"
+            running = asyncio.ensure_future(sb.exec(command, timeout=60))
+            while int(counted.read_text()) < before + 12:  # its shell, ten sleeps and `sleep 2`
+                await asyncio.sleep(0.05)
+            # Once its shell and `sleep 2` have ended, the instance has no process to spare.
+            limit.write_text(str(int(counted.read_text()) - 2))
+            result = await asyncio.wait_for(running, 30)
+            assert (result.exit_code, result.timed_out) == (7, False), result
+            assert int(counted.read_text()) <= before
+        finally:
+            limit.write_text("100")
+            await sb.close()
+
+    asyncio.run(body())
 
 
 @pytest.mark.engine("apptainer")

@@ -100,7 +100,7 @@ def run_enter(*argv: str) -> subprocess.CompletedProcess[str]:
     from trajkit_singularity import scripts
 
     return subprocess.run(
-        ["/bin/sh", "-c", scripts.ENTER, "enter", *argv], capture_output=True, text=True, timeout=30
+        ["/bin/sh", "-c", scripts.text("enter"), "enter", *argv], capture_output=True, text=True, timeout=30
     )
 
 
@@ -130,7 +130,7 @@ def test_the_enter_program_leaves_nothing_of_root(tool: str, kind: str, name: st
 def test_the_seccomp_profile_denies_new_namespaces() -> None:
     from trajkit_singularity import scripts
 
-    profile: dict[str, Any] = json.loads(scripts.SECCOMP_PROFILE)
+    profile: dict[str, Any] = json.loads(scripts.seccomp_profile())
     assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
     denied = {name for rule in profile["syscalls"] if "args" not in rule for name in rule["names"]}
     assert {"unshare", "setns"} <= denied

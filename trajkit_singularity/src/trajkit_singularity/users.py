@@ -9,9 +9,9 @@ always have one ("joining non-root instance with cgroups requires systemd as cgr
 
 So, when trajkit runs as root (``singularity.user=auto``), every exec enters the instance as root
 holding only ``CAP_SETUID`` and ``CAP_SETGID`` (``--no-privs --add-caps``, so ``no_new_privs`` too),
-and the :data:`~trajkit_singularity.scripts.ENTER` program at once becomes :data:`UID` (65534,
+and the ``enter`` program (``programs/enter.sh``) at once becomes :data:`UID` (65534,
 "nobody") through the image's own ``setpriv`` (util-linux) or ``su`` (BusyBox, util-linux), found
-once per image by :data:`~trajkit_singularity.scripts.PROBE`. What runs after that has no
+once per image by the ``probe`` program (``programs/probe.sh``). What runs after that has no
 capability and cannot gain one; the instance's init stays root, so commands can neither signal it
 nor read its environment. An image with neither tool is refused, naming ``singularity.user=caller``,
 the visible opt-out that runs commands as whoever runs trajkit (root, without capabilities: the run
@@ -46,7 +46,7 @@ class Switch:
     """A ``setpriv`` that clears the capabilities ``su`` would leave inheritable, or ``-``."""
 
     def argv(self, command: list[str]) -> list[str]:
-        """The ENTER program's arguments that run ``command`` as the user."""
+        """The ``enter`` program's arguments that run ``command`` as the user."""
         return [self.tool, self.kind, str(UID), str(UID), self.name, self.drop, *command]
 
 
@@ -55,7 +55,7 @@ def caller_is_root() -> bool:
 
 
 def probed_switch(image: str, returncode: int, output: str, reason: str) -> Switch | None:
-    """The switch :data:`~trajkit_singularity.scripts.PROBE` found, None when the image has none."""
+    """The switch the ``probe`` program (``programs/probe.sh``) found, None when the image has none."""
     if returncode != 0:
         raise ImageUnavailable(f"{image}: cannot run a command in it to choose its user: {reason}")
     words = output.split()
