@@ -36,6 +36,7 @@ from trajkit.sandbox import (
     owner_gone,
     owner_tag,
 )
+from trajkit.sandbox.shell import script
 from trajkit_docker.settings import DockerSettings
 
 if TYPE_CHECKING:
@@ -50,26 +51,9 @@ T = TypeVar("T")
 CONTROL_THREADS = 32
 """Worker threads for short engine calls; exec streams have threads of their own."""
 
-# Tools that the exec wrapper, the killer, KEEPALIVE and large file reads need from the image
-# besides /bin/sh.
+# Tools that the exec wrapper, the killer, PID 1 and large file reads (scripts/*.sh) need from the
+# image besides /bin/sh.
 REQUIRED_TOOLS = ("setsid", "kill", "sleep", "mv", "rm", "cat", "head", "tail")
-
-# PID 1 of every sandbox. It sleeps in the background and waits, so that it also reaps the orphans
-# left when an exec's process group is killed (zombies would count against pids_limit). Every exec
-# ends by killing what descends from PID 1 (see SWEEP_ORPHANS), which may include this shell's own
-# `sleep` or `date`: a killed sleep is restarted for the time left, a killed `date` (empty output) is
-# retried a second later. Once the lifetime is over the shell exits and the engine removes the
-# container. Argument: $1 = lifetime in seconds.
-KEEPALIVE = """\
-trap 'exit 0' TERM INT
-end=$(($(date +%s 2>/dev/null || echo 0) + $1))
-while :; do
-    now=$(date +%s 2>/dev/null)
-    case $now in "" | *[!0-9]*) sleep 1 & wait; continue ;; esac
-    [ "$now" -lt "$end" ] || exit 0
-    sleep $((end - now)) & wait
-done
-"""
 
 
 class DockerBackend(SandboxBackend):
@@ -202,7 +186,13 @@ class DockerBackend(SandboxBackend):
         assert spec.image is not None
         lifetime = max(1, math.ceil(spec.lifetime))
         config = self._container_config(spec, cwd, lifetime)
-        command = ["/bin/sh", "-c", KEEPALIVE, "trajkit-sandbox", str(lifetime)]
+        command = [
+            "/bin/sh",
+            "-c",
+            script("trajkit_docker", "keepalive.sh"),
+            "trajkit-sandbox",
+            str(lifetime),
+        ]
         files = workdirs.at_start(spec.image, cwd, self._users.get(spec.image))
         source = workdirs.source(spec.image, cwd)
         creation = asyncio.ensure_future(self._create_container(engine, source, command, config, files))
@@ -224,12 +214,12 @@ class DockerBackend(SandboxBackend):
         """Who commands of ``image`` run as; probed once per image in its first sandbox, which also
         refuses images that lack what timeouts and cleanup depend on."""
         from trajkit_docker.engine import translated
-        from trajkit_docker.users import PROBE, commands_user, probed_user
+        from trajkit_docker.users import commands_user, probed_user
 
         if image not in self._users:
             image_user = await self.call(engine.image_user, image)
             name = commands_user(self.settings.user, image_user)
-            argv = ["/bin/sh", "-c", PROBE, "trajkit-check", *REQUIRED_TOOLS]
+            argv = ["/bin/sh", "-c", script("trajkit_docker", "probe.sh"), "trajkit-check", *REQUIRED_TOOLS]
             with translated(f"checking the tools of {image!r}"):
                 _, output = await self.call(engine.run_helper, container_id, argv, name)
             self._users[image] = probed_user(name, image, output)

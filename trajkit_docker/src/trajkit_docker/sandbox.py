@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import posixpath
 import sys
@@ -27,6 +28,7 @@ from trajkit.sandbox import (
     check_path,
     read_result,
 )
+from trajkit.sandbox.shell import script
 from trajkit_docker.archive import resolve_link
 from trajkit_docker.engine import Engine, file_kind, translated
 from trajkit_docker.settings import BRIDGE_USER
@@ -39,7 +41,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 STATE_DIR = "/.trajkit"
-"""Created in every container (mode 1777) to hold the process-group id of each running exec."""
+"""Created in every container (mode 1777) to hold the process-group id of each running exec
+(``scripts/exec.sh``)."""
 
 TIMEOUT_EXIT_CODE = 124
 KILL_GRACE = 10.0
@@ -50,91 +53,15 @@ MAX_SYMLINKS = 16
 FILE_TIMEOUT = 60.0
 """Seconds for the in-container part of a file read (the head or the tail of a large file)."""
 
-# Kills, by SIGKILL, every process of the container that descends from its PID 1 other than PID 1
-# itself: what a command left running in a session of its own (`setsid daemon &`) is reparented to
-# PID 1 when its shell exits, whereas every exec the engine runs (this one, a concurrent one, a
-# killer) has a parent outside the container's PID namespace, so a parent pid of 0. Only processes
-# it may signal count (`kill -0`): PID 1 and its `sleep` run as a user of their own unless
-# docker.user=image, in which case the `sleep` may be killed too and PID 1 starts another. Victims are stopped before they are killed so
-# that none sees another die, and the sweep repeats because a victim may fork while it runs.
-SWEEP_ORPHANS = """\
-sweep_orphans() {
-    sweep_round=0
-    while [ "$sweep_round" -lt 8 ]; do
-        sweep_victims=
-        for sweep_proc in /proc/[0-9]*; do
-            sweep_pid=${sweep_proc#/proc/} sweep_at=${sweep_proc#/proc/} sweep_top=
-            [ "$sweep_pid" = 1 ] && continue
-            while [ -n "$sweep_at" ] && [ "$sweep_at" != 0 ]; do
-                read -r sweep_stat 2>/dev/null <"/proc/$sweep_at/stat" || { sweep_top=; break; }
-                set -- ${sweep_stat##*) }
-                if [ "$sweep_at" = "$sweep_pid" ] && [ "$1" = Z ]; then sweep_top=; break; fi
-                sweep_top=$sweep_at sweep_at=$2
-            done
-            [ "$sweep_top" = 1 ] && kill -0 "$sweep_pid" 2>/dev/null && sweep_victims="$sweep_victims $sweep_pid"
-        done
-        [ -n "$sweep_victims" ] || return 0
-        kill -STOP $sweep_victims 2>/dev/null
-        kill -9 $sweep_victims 2>/dev/null
-        sweep_round=$((sweep_round + 1))
-    done
-}
-"""
 
-# Runs the command as the leader of a new session, hence of a new process group whose id is the
-# leader's pid, and writes that id where a second exec can find it: `docker exec` cannot kill what it
-# started, so a timeout is enforced by `kill -9 -PGID` from that second exec. When the command ends,
-# the group is killed, then the processes that left it for a session of their own, so background
-# children and daemons never outlive the exec. A non-interactive shell does not give `&` jobs their
-# own group, so `setsid` never needs to fork and `$!` is the leader. `wait`'s stderr is discarded:
-# shells report a killed job ("Killed") there, which is not output.
-# Arguments: $1 = exec token, $2 = command, $3 = working directory.
-EXEC_WRAPPER = (
-    SWEEP_ORPHANS
-    + f"""\
-cd "$3" || exit 1
-setsid /bin/sh -c "$2" &
-pg=$!
-f={STATE_DIR}/exec-$1
-{{ echo "$pg" > "$f.new" && mv -f "$f.new" "$f"; }} 2>/dev/null
-wait "$pg" 2>/dev/null
-rc=$?
-kill -9 -"$pg" 2>/dev/null
-sweep_orphans
-rm -f "$f"
-exit "$rc"
-"""
-)
-
-# Kills the process group recorded by EXEC_WRAPPER; waits briefly in case the deadline came before
-# the wrapper had written it. Argument: $1 = exec token.
-EXEC_KILLER = f"""\
-f={STATE_DIR}/exec-$1
-i=0
-while [ ! -s "$f" ] && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i+1)); done
-[ -s "$f" ] && kill -9 -"$(cat "$f")"
-"""
+def _script(name: str) -> str:
+    """``scripts/NAME`` of this package, as one line (:func:`trajkit.sandbox.shell.script`)."""
+    return script("trajkit_docker", name)
 
 
-# Writes stdin to $1 (absolute) as the user running it, making missing parent directories. Exit 20
-# when a parent is no directory, 21 when $1 is a directory, 22 when it is a device, FIFO or socket,
-# 13 when the user may not write it or make its parents, 40 when its symlinks loop.
-WRITER = """\
-t=$1 d=${1%/*}
-[ -n "$d" ] || d=/
-if [ ! -d "$d" ]; then
-    a=$d
-    while [ ! -e "$a" ]; do a=${a%/*}; [ -n "$a" ] || a=/; done
-    [ -d "$a" ] || exit 20
-    mkdir -p -- "$d" 2>/dev/null || exit 13
-fi
-[ -d "$t" ] && exit 21
-[ -e "$t" ] && [ ! -f "$t" ] && exit 22
-if [ -e "$t" ]; then [ -w "$t" ] || exit 13; else [ -w "$d" ] || exit 13; fi
-if err=$( { cat > "$t"; } 2>&1 ); then exit 0; fi
-case $err in *link* | *loop*) exit 40 ;; esac
-exit 1
-"""
+@functools.cache
+def _exec_wrapper() -> str:
+    return f"{_script('sweep_orphans.sh')}; {_script('exec.sh')}"
 
 
 class DockerSandbox(Sandbox):
@@ -183,8 +110,8 @@ class DockerSandbox(Sandbox):
         output_cap: int = DEFAULT_OUTPUT_CAP,
     ) -> ExecResult:
         self._check_open()
-        token = uuid.uuid4().hex
-        argv = ["/bin/sh", "-c", EXEC_WRAPPER, "trajkit-exec", token, command, self.cwd]
+        group_file = posixpath.join(STATE_DIR, f"exec-{uuid.uuid4().hex}")
+        argv = ["/bin/sh", "-c", _exec_wrapper(), "trajkit-exec", group_file, command, self.cwd]
         run = ExecRun(
             self._engine, self.container_id, argv, {**self._home, **(env or {})}, output_cap, self.user.name
         )
@@ -192,25 +119,25 @@ class DockerSandbox(Sandbox):
         try:
             exit_code = await asyncio.wait_for(asyncio.shield(finished), timeout)
         except TimeoutError:
-            await self._kill_and_drain(run, finished, token)
+            await self._kill_and_drain(run, finished, group_file)
             return run.result(TIMEOUT_EXIT_CODE, timed_out=True)
         except asyncio.CancelledError:
-            self._start_killer(token)
+            self._start_killer(group_file)
             run.abort()
             finished.add_done_callback(_ignore_outcome)
             raise
         return run.result(exit_code, timed_out=False)
 
-    def _start_killer(self, token: str) -> asyncio.Task[tuple[int, str]]:
-        argv = ["/bin/sh", "-c", EXEC_KILLER, "trajkit-kill", token]
+    def _start_killer(self, group_file: str) -> asyncio.Task[tuple[int, str]]:
+        argv = ["/bin/sh", "-c", _script("kill.sh"), "trajkit-kill", group_file]
         return self._backend.in_background(
             self._call(self._engine.run_helper, self.container_id, argv, self.user.name),
             "killing an exec's process group",
         )
 
-    async def _kill_and_drain(self, run: ExecRun, finished: asyncio.Future[int], token: str) -> None:
+    async def _kill_and_drain(self, run: ExecRun, finished: asyncio.Future[int], group_file: str) -> None:
         """Kill the exec's process group, then wait (bounded) for its output stream to end."""
-        self._start_killer(token)
+        self._start_killer(group_file)
         try:
             await asyncio.wait_for(asyncio.shield(finished), KILL_GRACE)
             return
@@ -287,7 +214,7 @@ class DockerSandbox(Sandbox):
         target = self._resolve(path)
         if target == "/":
             raise IsADirectoryError(errno.EISDIR, "is a directory in the sandbox", "/")
-        argv = ["/bin/sh", "-c", WRITER, "trajkit-write", target]
+        argv = ["/bin/sh", "-c", _script("write.sh"), "trajkit-write", target]
         with translated(f"writing {target!r}"):
             code = await self._call(self._engine.feed, self.container_id, argv, data, self.user.name)
         if code != 0:

@@ -35,15 +35,6 @@ from trajkit_docker.settings import DEFAULT_USER, KEEPER_USER
 
 FALLBACK_HOME = "/tmp"
 
-# Run once per image, as the commands' user: the tools the backend needs that the image lacks, the
-# user's numeric ids and whether its home is writable. Arguments: the tools to look for.
-PROBE = """\
-for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "missing $t"; done
-echo "uid $(id -u 2>/dev/null)"
-echo "gid $(id -g 2>/dev/null)"
-if [ -n "$HOME" ] && [ "$HOME" != / ] && [ -d "$HOME" ] && [ -w "$HOME" ]; then echo home; fi
-"""
-
 
 @dataclass(frozen=True)
 class SandboxUser:
@@ -80,7 +71,7 @@ def names_root(user: str) -> bool:
 
 
 def probed_user(name: str | None, image: str, output: str) -> SandboxUser:
-    """The user from :data:`PROBE`'s output; ImageUnavailable when the image lacks a needed tool or
+    """The user from ``scripts/probe.sh``'s output; ImageUnavailable when the image lacks a needed tool or
     cannot say who the user is."""
     facts = dict(line.partition(" ")[::2] for line in output.splitlines())
     missing = [line.partition(" ")[2] for line in output.splitlines() if line.startswith("missing ")]
