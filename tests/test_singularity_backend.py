@@ -496,7 +496,7 @@ def sweep_function(shell: list[str], call: str, *args: str, env: dict[str, str] 
     ``shell``, which must succeed with nothing on stderr."""
     from trajkit_singularity import scripts
 
-    script = scripts.text("sweep") + "\n" + call + "\n"
+    script = scripts.sweep() + "\n" + call + "\n"
     done = subprocess.run([*shell, "-c", script, "sweep", *args], capture_output=True, timeout=60, env=env)
     assert done.returncode == 0 and done.stderr == b"", done
     return done.stdout.decode()

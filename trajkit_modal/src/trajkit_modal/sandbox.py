@@ -57,7 +57,8 @@ def _script(name: str) -> str:
 
 @functools.cache
 def _run_in_group() -> str:
-    return f"{_script('sweep.sh')}; {_script('run_in_group.sh')}"
+    marked = script("trajkit.sandbox", "marked.sh")
+    return f"{marked}; {_script('sweep.sh')}; {_script('run_in_group.sh')}"
 
 
 INLINE_COMMAND_LIMIT = 32 * 1024

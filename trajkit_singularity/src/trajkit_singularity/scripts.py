@@ -64,15 +64,21 @@ def text(name: str) -> str:
     return resources.files("trajkit_singularity").joinpath("programs", f"{name}.sh").read_text()
 
 
+def sweep() -> str:
+    """The functions the launch and kill programs start with: trajkit's ``marked`` (the exec's
+    marker, found with builtins alone), then ``programs/sweep.sh``."""
+    return resources.files("trajkit.sandbox").joinpath("scripts", "marked.sh").read_text() + text("sweep")
+
+
 @functools.cache
 def programs() -> dict[str, str]:
     """File name -> text of everything :func:`install` writes. ``launch`` and ``kill`` start with
-    ``sweep.sh``'s functions: one file each, so an exec reads one script."""
-    sweep = text("sweep")
+    :func:`sweep`'s functions: one file each, so an exec reads one script."""
+    functions = sweep()
     own = {name: text(name) for name in ("read", "write", "enter", "probe")}
     return {
-        "launch": sweep + text("launch"),
-        "kill": sweep + text("kill"),
+        "launch": functions + text("launch"),
+        "kill": functions + text("kill"),
         **own,
         SECCOMP_FILE: seccomp_profile(),
     }

@@ -4,17 +4,8 @@
 # environment and starts a session (`env -i setsid daemon &`) escapes it until the sandbox ends:
 # unlike Docker's, Modal's exec is not known to keep a parent outside the container, so orphans
 # cannot be told apart. Only shell builtins, so that it works when no process can start: the marker
-# is looked for by `read` (which drops the NUL bytes between variables, so a line holds several).
+# is looked for by `marked` (trajkit's sandbox/scripts/marked.sh, which goes before this file).
 # Functions only: run_in_group.sh follows it.
-sweep_marked() {
-    sweep_line=
-    while IFS= read -r sweep_line || [ -n "$sweep_line" ]; do
-        case $sweep_line in *"TRAJKIT_EXEC_ID=$sweep_marker"*) return 0 ;; esac
-        sweep_line=
-    done 2>/dev/null <"/proc/$1/environ"
-    return 1
-}
-
 sweep() {
     sweep_round=0 sweep_sessions=" "
     while [ "$sweep_round" -lt 6 ]; do
@@ -28,7 +19,7 @@ sweep() {
             case $sweep_sessions in
             *" $4 "*) ;;
             *)
-                sweep_marked "$sweep_pid" || continue
+                marked "$sweep_pid" "$sweep_marker" || continue
                 [ "$4" = "$sweep_pid" ] && sweep_sessions="$sweep_sessions$sweep_pid "
                 ;;
             esac

@@ -12,22 +12,12 @@
 # Nothing here starts a process: every step is a shell builtin. The sweep runs when the command may
 # have filled the instance's process limit, and a shell that cannot fork exits (dash and BusyBox
 # ash alike, status 2): the exec's processes would survive it and its status be lost. So the marker
-# is looked for by `read` (which drops the NUL bytes between variables, so a line holds several),
-# and the wait for the reaping spins on the clock of /proc/uptime instead of running `sleep`.
+# is looked for by `marked` (trajkit's sandbox/scripts/marked.sh, which goes before this file), and
+# the wait for the reaping spins on the clock of /proc/uptime instead of running `sleep`.
 #
-# marked PID MARKER: whether the process carries TRAJKIT_EXEC_ID=MARKER in its initial environment.
 # reaped SECONDS PID...: waits until none of the PIDs exists any more, or SECONDS have passed.
 #
-# Functions only: the launch and kill programs are this file followed by their own.
-
-marked() {
-    line=
-    while IFS= read -r line || [ -n "$line" ]; do
-        case $line in *"TRAJKIT_EXEC_ID=$2"*) return 0 ;; esac
-        line=
-    done 2>/dev/null <"/proc/$1/environ"
-    return 1
-}
+# Functions only: the launch and kill programs are marked.sh, this file, then their own.
 
 uptime_centis() {
     read -r up _ 2>/dev/null </proc/uptime || return 1
