@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxError, SandboxSpec
-from trajkit.testing.engines import need_engine
+from trajkit.testing.engines import need_engine, pids_cgroup
 from trajkit.testing.sandbox_conformance import SandboxConformance, survivors
 
 IMAGES = Path(os.environ.get("TRAJKIT_APPTAINER_IMAGES", "/var/lib/trajkit-apptainer/images"))
@@ -441,23 +441,13 @@ def test_daemons_that_clear_their_environment_die_with_their_exec(apptainer: Non
     asyncio.run(body())
 
 
-def instance_pids_file(pid: int) -> Path:
-    """The ``pids.current`` of the cgroup holding the process ``pid`` (cgroup v1 or v2)."""
-    lines = [line.split(":", 2) for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()]
-    separate = [path for _, controllers, path in lines if "pids" in controllers.split(",")]
-    if separate:
-        return Path(f"/sys/fs/cgroup/pids{separate[0]}/pids.current")
-    unified = next(path for _, controllers, path in lines if controllers == "")
-    return Path(f"/sys/fs/cgroup{unified}/pids.current")
-
-
 @pytest.mark.engine("apptainer")
 def test_process_limit_reaches_the_instance(apptainer: None, cache_dir: Path) -> None:
     async def body() -> None:
         backend = make_backend(cache_dir, pids_limit="40")
         sb = await backend.create(spec())
         try:
-            counted = instance_pids_file(running_instances()[sb.name])
+            counted = pids_cgroup(running_instances()[sb.name]) / "pids.current"
             before = int(counted.read_text())
             bomb = await sb.exec("i=0; while [ $i -lt 80 ]; do sleep 1000 & i=$((i+1)); done", timeout=60)
             assert "Resource temporarily unavailable" in bomb.stderr, bomb
@@ -552,7 +542,7 @@ def test_an_exec_that_leaves_the_process_limit_full_is_still_swept(apptainer: No
     async def body() -> None:
         backend = make_backend(cache_dir, pids_limit="100")
         sb = await backend.create(spec())
-        counted = instance_pids_file(running_instances()[sb.name])
+        counted = pids_cgroup(running_instances()[sb.name]) / "pids.current"
         limit = counted.with_name("pids.max")
         try:
             before = int(counted.read_text())
