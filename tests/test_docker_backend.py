@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from trajkit.sandbox import FileTooLarge, ImageUnavailable, SandboxBackend, SandboxSpec
-from trajkit.testing.engines import need_engine, pids_cgroup
+from trajkit.testing.engines import exec_leaving_the_limit_full, need_engine, pids_cgroup
 from trajkit.testing.sandbox_conformance import SandboxConformance, survivors
 
 BUSYBOX = "trajkit-test/busybox:latest"
@@ -337,24 +337,15 @@ def test_an_exec_that_leaves_the_process_limit_full_is_still_cleaned_up(client: 
     a shell that cannot fork exits, and what the command left would outlive the exec."""
 
     async def body() -> None:
-        backend = make_backend(pids_limit="100")
+        backend = make_backend()
         sandbox = await backend.create(spec())
-        container = client.api.inspect_container(sandbox.container_id)
-        limits = pids_cgroup(container["State"]["Pid"])
-        counted, limit = limits / "pids.current", limits / "pids.max"
         try:
-            before = int(counted.read_text())
-            command = "i=0; while [ $i -lt 10 ]; do sleep 1000 & i=$((i+1)); done; sleep 2; exit 7"
-            running = asyncio.ensure_future(sandbox.exec(command, timeout=60))
-            while int(counted.read_text()) < before + 12:  # its shell, ten sleeps and `sleep 2`
-                await asyncio.sleep(0.05)
-            # Once its shell and `sleep 2` have ended, the container has no process to spare.
-            limit.write_text(str(int(counted.read_text()) - 2))
-            result = await asyncio.wait_for(running, 30)
+            container = client.api.inspect_container(sandbox.container_id)
+            cgroup = pids_cgroup(container["State"]["Pid"])
+            result, before, after = await exec_leaving_the_limit_full(sandbox, cgroup)
             assert (result.exit_code, result.timed_out) == (7, False), result
-            assert int(counted.read_text()) <= before
+            assert after <= before
         finally:
-            limit.write_text("100")
             await sandbox.close()
             await backend.aclose()
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from trajkit.sandbox import ImageUnavailable, SandboxBackend, SandboxError, SandboxSpec
-from trajkit.testing.engines import need_engine, pids_cgroup
+from trajkit.testing.engines import exec_leaving_the_limit_full, need_engine, pids_cgroup
 from trajkit.testing.sandbox_conformance import SandboxConformance, survivors
 
 IMAGES = Path(os.environ.get("TRAJKIT_APPTAINER_IMAGES", "/var/lib/trajkit-apptainer/images"))
@@ -540,23 +540,14 @@ def test_an_exec_that_leaves_the_process_limit_full_is_still_swept(apptainer: No
     timeout) with its status lost."""
 
     async def body() -> None:
-        backend = make_backend(cache_dir, pids_limit="100")
+        backend = make_backend(cache_dir)
         sb = await backend.create(spec())
-        counted = pids_cgroup(running_instances()[sb.name]) / "pids.current"
-        limit = counted.with_name("pids.max")
         try:
-            before = int(counted.read_text())
-            command = "i=0; while [ $i -lt 10 ]; do sleep 1000 & i=$((i+1)); done; sleep 2; exit 7"
-            running = asyncio.ensure_future(sb.exec(command, timeout=60))
-            while int(counted.read_text()) < before + 12:  # its shell, ten sleeps and `sleep 2`
-                await asyncio.sleep(0.05)
-            # Once its shell and `sleep 2` have ended, the instance has no process to spare.
-            limit.write_text(str(int(counted.read_text()) - 2))
-            result = await asyncio.wait_for(running, 30)
+            cgroup = pids_cgroup(running_instances()[sb.name])
+            result, before, after = await exec_leaving_the_limit_full(sb, cgroup)
             assert (result.exit_code, result.timed_out) == (7, False), result
-            assert int(counted.read_text()) <= before
+            assert after <= before
         finally:
-            limit.write_text("100")
             await sb.close()
 
     asyncio.run(body())
