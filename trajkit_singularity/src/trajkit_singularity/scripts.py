@@ -26,6 +26,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trajkit.sandbox.shell import script
+
 if TYPE_CHECKING:
     from trajkit_singularity.users import Switch
 
@@ -67,7 +69,7 @@ def text(name: str) -> str:
 def sweep() -> str:
     """The functions the launch and kill programs start with: trajkit's ``marked`` (the exec's
     marker, found with builtins alone), then ``programs/sweep.sh``."""
-    return resources.files("trajkit.sandbox").joinpath("scripts", "marked.sh").read_text() + text("sweep")
+    return script("trajkit.sandbox", "marked.sh") + "\n" + text("sweep")
 
 
 @functools.cache
